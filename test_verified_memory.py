@@ -1,0 +1,1126 @@
+#!/usr/bin/env python3
+"""Tests for verified_memory.py (unittest, standard library only).
+
+  make test                                   the suite (python3 -m unittest)
+  python3 test_verified_memory.py bench       benchmarks, printed as ratios to baselines from the same run
+  python3 test_verified_memory.py conformance DIR   Wycheproof Ed25519 vectors from DIR (never committed)
+
+Tests that need real OpenSSH call ssh-keygen when it is on PATH and skip cleanly otherwise.
+"""
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import verified_memory as vm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "verified_memory.py")
+EXAMPLE = os.path.join(HERE, "examples", "pack")
+EXAMPLE_INPUT = os.path.join(HERE, "examples", "input")
+NOW = vm.parse_utc("2026-11-30T12:00:00Z")
+SSH_KEYGEN = shutil.which("ssh-keygen")
+LEGACY = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+
+
+def reseal(pack):
+    """Rewrite SHA256SUMS over the pack's other files, as a hand editor would."""
+    names = sorted(n for n in os.listdir(pack) if n not in ("SHA256SUMS", "SHA256SUMS.sig"))
+    with open(os.path.join(pack, "SHA256SUMS"), "wb") as f:
+        for name in names:
+            with open(os.path.join(pack, name), "rb") as g:
+                f.write(("%s  %s\n" % (hashlib.sha256(g.read()).hexdigest(), name)).encode())
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def record_line(record):
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+
+def run(*args, stdin=b"", timeout=60, **kwargs):
+    """Run verified_memory.py as a process -> CompletedProcess with bytes stdout/stderr."""
+    return subprocess.run([sys.executable, SCRIPT] + list(args), input=stdin, capture_output=True,
+                          timeout=timeout, **kwargs)
+
+
+class TempDirCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="vm-test-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def copy_pack(self, name="pack", source=EXAMPLE):
+        path = os.path.join(self.tmp, name)
+        shutil.copytree(source, path)
+        return path
+
+    def load(self, pack, policy=None, now=NOW):
+        return vm.load_pack(pack, policy or vm.TrustPolicy(), now)
+
+    def assertRefused(self, pack, message, policy=None, now=NOW):
+        with self.assertRaises(vm.PackError) as caught:
+            self.load(pack, policy, now)
+        self.assertEqual(str(caught.exception), message)
+
+
+class RecordsCase(TempDirCase):
+    """Tamper records.jsonl in a copy of the example pack, reseal it, and expect one exact refusal."""
+
+    def setUp(self):
+        super().setUp()
+        self.pack = self.copy_pack()
+        self.lines = read(os.path.join(self.pack, "records.jsonl")).decode().splitlines()
+        self.first = json.loads(self.lines[0])
+
+    def write_records(self, data):
+        write(os.path.join(self.pack, "records.jsonl"), data)
+        reseal(self.pack)
+
+    def refuse_line(self, line, message, number=1):
+        lines = list(self.lines)
+        lines[number - 1] = line
+        self.write_records("\n".join(lines) + "\n")
+        self.assertRefused(self.pack, message)
+
+    def refuse_record(self, mutate, field, message):
+        record = json.loads(self.lines[0])
+        mutate(record)
+        where = "records.jsonl line 1" + (", field " + field if field else "")
+        self.refuse_line(record_line(record), where + ": " + message)
+
+    def accept_record(self, mutate):
+        record = json.loads(self.lines[0])
+        mutate(record)
+        self.write_records("\n".join([record_line(record)] + self.lines[1:]) + "\n")
+        return self.load(self.pack)
+
+
+def setter(path, value):
+    """mutate(record) that sets record[path...] = value (path is a tuple of keys/indexes)."""
+    def mutate(record):
+        target = record
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return mutate
+
+
+def deleter(*path):
+    def mutate(record):
+        target = record
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+    return mutate
+
+
+class TestRecordRules(RecordsCase):
+    def test_example_pack_verifies(self):
+        snapshot = self.load(EXAMPLE)
+        self.assertEqual(snapshot.pack["records"], 14)
+        verification = snapshot.verification(NOW)
+        self.assertEqual(verification["signature"], {"status": "unsigned", "signer": None, "fingerprint": None,
+                                                     "pinned": False})
+        self.assertEqual(verification["freshness"], {"status": "unknown", "created_utc": None,
+                                                     "expires_utc": None, "sequence": None,
+                                                     "authenticated": False})
+        self.assertEqual(verification["pack"]["sha256sums_sha256"],
+                         hashlib.sha256(read(os.path.join(EXAMPLE, "SHA256SUMS"))).hexdigest())
+
+    def test_every_required_field(self):
+        for field in vm.RECORD_FIELDS:
+            with self.subTest(field=field):
+                self.refuse_record(deleter(field), field, "is missing")
+
+    def test_record_id_pattern_is_a_full_match(self):
+        for bad in ("M-abc\n", "M-", "X-abc", "m-abc", "M-a b", "M-" + "a" * 128, "M-é", 7, None):
+            with self.subTest(record_id=bad):
+                self.refuse_record(setter(("record_id",), bad), "record_id",
+                                   "must be M- followed by 1-127 letters, digits, _ or -")
+        self.accept_record(setter(("record_id",), "M-" + "a" * 127))
+
+    def test_role(self):
+        for bad in ("assistant", "User", "", None):
+            with self.subTest(role=bad):
+                self.refuse_record(setter(("role",), bad), "role", 'must be "user" or "agent"')
+        self.accept_record(setter(("role",), "agent"))
+
+    def test_text_fields_are_non_empty_strings(self):
+        for field in ("speaker", "statement", "topic", "category"):
+            for bad in ("", "   ", 3, None, ["x"]):
+                with self.subTest(field=field, value=bad):
+                    self.refuse_record(setter((field,), bad), field, "must be a non-empty string")
+
+    def test_dates_are_utc_iso8601(self):
+        message = "must be a UTC ISO 8601 time ending in Z or +00:00, like 2026-03-02T08:20:00Z"
+        for bad in ("2026-02-14T18:12:00", "2026-02-14T18:12:00+01:00", "2026-02-14T18:12:00z",
+                    "2026-02-14 18:12:00Z", "2026-02-14", "2026-02-14T18:12Z", "\u0662026-02-14T18:12:00Z",
+                    "2026-02-14T18:12:00.Z", "2026-02-14T18:12:00.1234567890Z", "2026-02-14T18:12:00Z\n", 0):
+            with self.subTest(date=bad):
+                self.refuse_record(setter(("date_first_utc",), bad), "date_first_utc", message)
+
+    def test_dates_are_real_calendar_dates(self):
+        for bad, why in (("2026-02-30T00:00:00Z", "is not a real calendar date"),
+                         ("2025-02-29T00:00:00Z", "is not a real calendar date"),
+                         ("2026-13-01T00:00:00Z", "is not a real calendar date"),
+                         ("0000-01-01T00:00:00Z", "is not a real calendar date"),
+                         ("2026-01-01T24:00:00Z", "is not a real time of day"),
+                         ("2026-01-01T23:60:00Z", "is not a real time of day"),
+                         ("2026-01-01T23:59:60Z", "is not a real time of day")):
+            with self.subTest(date=bad):
+                self.refuse_record(setter(("date_first_utc",), bad), "date_first_utc", "%s %s" % (bad, why))
+        self.assertEqual(vm.parse_utc("2024-02-29T00:00:00Z"), vm.parse_utc("2024-02-29T00:00:00.000+00:00"))
+
+    def test_dates_compare_as_instants(self):
+        # the same instant with the other suffix and a fraction of zeros is equal, not later
+        def same_instant(record):
+            record["date_first_utc"] = "2026-02-14T18:12:00.000+00:00"
+            record["evidence"][0]["date_utc"] = "2026-02-14T18:12:00+00:00"
+        self.accept_record(same_instant)
+        self.refuse_record(setter(("date_first_utc",), "2026-02-14T18:12:00.001Z"), "date_first_utc",
+                           "is after date_last_utc")
+
+    def test_evidence_list(self):
+        for bad in ([], {}, None, "quote"):
+            with self.subTest(evidence=bad):
+                self.refuse_record(setter(("evidence",), bad), "evidence", "must be a non-empty list of citations")
+        self.refuse_record(setter(("evidence", 0), "quote"), "evidence[0]", "must be an object")
+
+    def test_citation_fields(self):
+        for field in vm.CITATION_FIELDS:
+            with self.subTest(field=field):
+                self.refuse_record(deleter("evidence", 0, field), "evidence[0].%s" % field, "is missing")
+        self.refuse_record(setter(("evidence", 0, "note"), "x"), "evidence[0].note", "is not a citation field")
+
+    def test_message_id_is_a_positive_integer(self):
+        for bad, why in ((0, "must be 1 or more"), (-3, "must be 1 or more"), (True, "must be an integer"),
+                         (2.0, "must be an integer"), ("2", "must be an integer"), (None, "must be an integer")):
+            with self.subTest(message_id=bad):
+                self.refuse_record(setter(("evidence", 0, "message_id"), bad), "evidence[0].message_id", why)
+
+    def test_citation_date_between_first_and_last(self):
+        for bad in ("2026-02-14T18:11:59Z", "2026-02-14T18:12:00.5Z"):
+            with self.subTest(date=bad):
+                self.refuse_record(setter(("evidence", 0, "date_utc"), bad), "evidence[0].date_utc",
+                                   "must lie between the record's date_first_utc and date_last_utc")
+
+    def test_quote_non_empty_string(self):
+        for bad in ("", None, 5):
+            with self.subTest(quote=bad):
+                self.refuse_record(setter(("evidence", 0, "quote"), bad), "evidence[0].quote",
+                                   "must be a non-empty string")
+
+    def test_offsets_are_integers(self):
+        for field in ("start", "end"):
+            for bad, why in ((-1, "must be 0 or more"), (True, "must be an integer"), (14.0, "must be an integer")):
+                with self.subTest(field=field, value=bad):
+                    self.refuse_record(setter(("evidence", 0, field), bad), "evidence[0].%s" % field, why)
+
+    def test_offsets_count_code_points(self):
+        self.refuse_record(setter(("evidence", 0, "end"), 49), "evidence[0].end",
+                           "end - start is 35, but the quote is 34 code points long")
+
+        def astral(record):     # 🌱 is one code point (two UTF-16 units, four UTF-8 bytes)
+            record["evidence"][0].update(quote="bay A, right? 🌱", start=0, end=15)
+        self.accept_record(astral)
+
+        def utf16(record):
+            record["evidence"][0].update(quote="bay A, right? 🌱", start=0, end=16)
+        self.refuse_record(utf16, "evidence[0].end", "end - start is 16, but the quote is 15 code points long")
+
+    def test_message_sha256_format(self):
+        good = self.first["evidence"][0]["message_sha256"]
+        for bad in (good.upper(), good[:-1], good + "0", "g" * 64, None):
+            with self.subTest(sha=bad):
+                self.refuse_record(setter(("evidence", 0, "message_sha256"), bad), "evidence[0].message_sha256",
+                                   "must be 64 lowercase hex characters")
+
+    def test_extra_metadata_is_kept_and_returned_by_get(self):
+        def extra(record):
+            record["supersedes"] = ["M-old-1"]
+            record["approval"] = {"by": "Rowan", "at": "2026-03-01T00:00:00Z", "nested": [1, {"x": None}]}
+        snapshot = self.accept_record(extra)
+        payload, error = vm.ToolServer(snapshot, lambda: NOW).call("verified_memory_get", {"id": "M-garden-1"})
+        self.assertIsNone(error)
+        self.assertEqual(payload["record"]["approval"]["nested"], [1, {"x": None}])
+        self.assertEqual(payload["record"]["supersedes"], ["M-old-1"])
+        payload["record"]["approval"]["by"] = "attacker"     # a copy: the snapshot cannot be changed through it
+        again, _ = vm.ToolServer(snapshot, lambda: NOW).call("verified_memory_get", {"id": "M-garden-1"})
+        self.assertEqual(again["record"]["approval"]["by"], "Rowan")
+
+    def test_unique_record_ids(self):
+        lines = self.lines + [self.lines[0]]
+        self.write_records("\n".join(lines) + "\n")
+        self.assertRefused(self.pack, "records.jsonl line 15, field record_id: M-garden-1 repeats line 1")
+
+
+class TestRecordsFile(RecordsCase):
+    def test_strict_json(self):
+        cases = (
+            ('{"record_id":"M-a","record_id":"M-b"}', 'is not strict JSON: duplicate key "record_id"'),
+            ('{"x": NaN}', "is not strict JSON: NaN is not valid JSON"),
+            ('{"x": Infinity}', "is not strict JSON: Infinity is not valid JSON"),
+            ('{"x": -Infinity}', "is not strict JSON: -Infinity is not valid JSON"),
+            ('{"x": "\\ud800"}', "is not strict JSON: contains a lone surrogate (an unpaired \\ud800-\\udfff "
+                                 "escape)"),
+            ('{"x": {"\\udfff": 1}}', "is not strict JSON: contains a lone surrogate (an unpaired "
+                                      "\\ud800-\\udfff escape)"),
+            ("{'x': 1}", "is not strict JSON: Expecting property name enclosed in double quotes: "
+                         "line 1 column 2 (char 1)"),
+            ('{"x": 1} {"y": 2}', "is not strict JSON: Extra data: line 1 column 10 (char 9)"),
+            ('{"x": 1' + "0" * 65 + "}", "is not strict JSON: integer with more than 64 digits"),
+        )
+        for line, message in cases:
+            with self.subTest(line=line):
+                self.refuse_line(line, "records.jsonl line 1: " + message)
+
+    def test_surrogate_pair_escapes_are_fine(self):
+        def escaped(record):
+            record["note"] = "\U0001F331"
+        record = json.loads(self.lines[0])
+        escaped(record)
+        line = json.dumps(record, ensure_ascii=True)              # writes \ud83c\udf31
+        self.assertIn("\\ud83c\\udf31", line)
+        self.write_records("\n".join([line] + self.lines[1:]) + "\n")
+        self.load(self.pack)
+
+    def test_each_line_is_an_object(self):
+        for line in ('["M-garden-1"]', "7", '"text"', "null", "true"):
+            with self.subTest(line=line):
+                self.refuse_line(line, "records.jsonl line 1: must be a JSON object")
+
+    def test_integers_are_not_booleans_or_floats(self):
+        self.refuse_record(setter(("evidence", 0, "start"), 14.0), "evidence[0].start", "must be an integer")
+        self.refuse_line(self.lines[0].replace('"start":14', '"start":1.4e1'),
+                         "records.jsonl line 1, field evidence[0].start: must be an integer")
+
+    def test_byte_order_mark(self):
+        self.write_records(b"\xef\xbb\xbf" + "\n".join(self.lines).encode() + b"\n")
+        self.assertRefused(self.pack, "records.jsonl line 1: starts with a byte order mark")
+
+    def test_utf8(self):
+        byte = self.lines[2].encode().index(b"caf\xc3\xa9") + 4        # 1-based position of the bad byte
+        for bad in (b"caf\xe9", b"caf\xed\xa0\x80", b"caf\xc0\xa9"):   # Latin-1, an encoded surrogate, overlong
+            with self.subTest(bad=bad):
+                self.write_records("\n".join(self.lines).encode().replace(b"caf\xc3\xa9", bad) + b"\n")
+                self.assertRefused(self.pack, "records.jsonl line 3: is not valid UTF-8 (byte %d)" % byte)
+
+    def test_lf_line_endings(self):
+        self.write_records("\r\n".join(self.lines) + "\r\n")
+        self.assertRefused(self.pack, "records.jsonl line 1: ends with CR; line endings must be LF")
+
+    def test_no_blank_lines(self):
+        self.write_records("\n".join(self.lines[:2] + [""] + self.lines[2:]) + "\n")
+        self.assertRefused(self.pack, "records.jsonl line 3: is blank; one JSON object per line, no blank lines")
+        self.write_records("\n".join(self.lines) + "\n\n")
+        self.assertRefused(self.pack, "records.jsonl line 15: is blank; one JSON object per line, no blank lines")
+
+    def test_final_newline(self):
+        self.write_records("\n".join(self.lines))
+        self.assertRefused(self.pack, "records.jsonl line 14: must end with a newline")
+
+    def test_at_least_one_record(self):
+        self.write_records(b"")
+        self.assertRefused(self.pack, "records.jsonl: has no records; a pack needs at least one")
+
+    def test_at_most_10000_records(self):
+        template = json.loads(self.lines[0])
+        lines = []
+        for i in range(10001):
+            template["record_id"] = "M-r%d" % i
+            lines.append(record_line(template))
+        self.write_records("\n".join(lines[:10000]) + "\n")
+        self.assertEqual(self.load(self.pack).pack["records"], 10000)
+        self.write_records("\n".join(lines) + "\n")
+        self.assertRefused(self.pack, "records.jsonl line 10001: has more than 10000 records")
+
+
+class TestManifest(TempDirCase):
+    def setUp(self):
+        super().setUp()
+        self.pack = self.copy_pack()
+        self.manifest = read(os.path.join(self.pack, "SHA256SUMS")).decode()
+        self.lines = self.manifest.splitlines()
+
+    def refuse(self, text, message):
+        write(os.path.join(self.pack, "SHA256SUMS"), text)
+        self.assertRefused(self.pack, message)
+
+    def test_checksum_mismatch_names_the_file(self):
+        for name in ("records.jsonl", "MEMORY.md", "README.md"):
+            with self.subTest(name=name):
+                pack = self.copy_pack("p-" + name)
+                path = os.path.join(pack, name)
+                data = bytearray(read(path))
+                data[5] ^= 1
+                write(path, bytes(data))
+                actual = hashlib.sha256(bytes(data)).hexdigest()
+                listed = [l.split()[0] for l in self.lines if l.endswith("  " + name)][0]
+                self.assertRefused(pack, "%s: SHA-256 of %s is %s, but SHA256SUMS lists %s"
+                                   % (name, name, actual, listed))
+
+    def test_line_format(self):
+        digest, name = self.lines[0].split("  ")
+        shape = "SHA256SUMS line 1: expected 64 lowercase hex digits, two spaces and a file name"
+        for bad, message in ((digest.upper() + "  " + name, shape), (digest + " " + name, shape),
+                             (digest[:-1] + "  " + name, shape), (digest + "\t" + name, shape),
+                             (" " + self.lines[0], shape), (digest + "   " + name, shape),
+                             (digest + "  *" + name, "SHA256SUMS line 1: lists '*MEMORY.md', which is not in the pack"),
+                             (digest + "  " + name + " ", shape)):
+            with self.subTest(line=bad):
+                self.refuse("\n".join([bad] + self.lines[1:]) + "\n", message)
+
+    def test_no_entry_for_itself_or_the_signature(self):
+        for name in ("SHA256SUMS", "SHA256SUMS.sig"):
+            with self.subTest(name=name):
+                self.refuse(self.manifest + "0" * 64 + "  " + name + "\n", "SHA256SUMS line 4: must not list " + name)
+
+    def test_no_duplicates(self):
+        self.refuse(self.manifest + self.lines[0] + "\n", "SHA256SUMS line 4: lists MEMORY.md twice")
+
+    def test_names_exactly_the_inventory(self):
+        self.refuse("\n".join(self.lines[:2]) + "\n", "SHA256SUMS: does not list records.jsonl")
+        self.refuse(self.manifest + "0" * 64 + "  PACK.json\n", "SHA256SUMS line 4: lists 'PACK.json', which is "
+                                                                 "not in the pack")
+        self.refuse(self.manifest + "0" * 64 + "  notes.txt\n", "SHA256SUMS line 4: lists 'notes.txt', which is "
+                                                                 "not in the pack")
+
+    def test_lf_and_final_newline(self):
+        self.refuse(self.manifest.rstrip("\n"), "SHA256SUMS: must end with a newline")
+        self.refuse(self.manifest.replace("\n", "\r\n"), "SHA256SUMS line 1: expected 64 lowercase hex digits, two "
+                                                         "spaces and a file name")
+        self.refuse(self.manifest + "\n", "SHA256SUMS line 4: expected 64 lowercase hex digits, two spaces and a "
+                                          "file name")
+
+    def test_ascii(self):
+        self.refuse(self.manifest.replace("MEMORY", "MÉMORY"), "SHA256SUMS: is not ASCII")
+
+    def test_size_limit(self):
+        self.refuse(self.manifest + "#" * 4096, "SHA256SUMS: is %d bytes; the limit is 4096"
+                    % (len(self.manifest) + 4096))
+
+    def test_memory_and_readme_must_be_utf8(self):
+        for name in ("MEMORY.md", "README.md"):
+            with self.subTest(name=name):
+                pack = self.copy_pack("u-" + name)
+                write(os.path.join(pack, name), read(os.path.join(pack, name)) + b"\xff")
+                reseal(pack)
+                size = len(read(os.path.join(pack, name)))
+                self.assertRefused(pack, "%s: is not valid UTF-8 (byte %d)" % (name, size))
+
+
+class TestInventory(TempDirCase):
+    def setUp(self):
+        super().setUp()
+        self.pack = self.copy_pack()
+
+    def test_missing_files(self):
+        for name in vm.REQUIRED_FILES:
+            with self.subTest(name=name):
+                pack = self.copy_pack("m-" + name)
+                os.unlink(os.path.join(pack, name))
+                self.assertRefused(pack, "pack folder has no " + name)
+
+    def test_extra_entries_are_refused(self):
+        expected = ("pack folder has unexpected entries: %s; a pack holds exactly records.jsonl, MEMORY.md, "
+                    "README.md, SHA256SUMS, plus optional PACK.json and SHA256SUMS.sig")
+        for name, make in ((".hidden", lambda p: write(p, "x")), ("notes.txt", lambda p: write(p, "x")),
+                           ("sub", os.mkdir), ("records.jsonl.bak", lambda p: write(p, "x"))):
+            with self.subTest(name=name):
+                pack = self.copy_pack("e-" + name)
+                make(os.path.join(pack, name))
+                self.assertRefused(pack, expected % repr(name))
+
+    def test_a_flood_of_files_is_refused_without_reading_them(self):
+        for i in range(5000):
+            # unreadable files: refusing them must not need to open any of them
+            path = os.path.join(self.pack, "flood-%04d" % i)
+            write(path, "x")
+            os.chmod(path, 0)
+        with self.assertRaises(vm.PackError) as caught:
+            self.load(self.pack)
+        self.assertIn("pack folder has unexpected entries: 'flood-0000', 'flood-0001', 'flood-0002', 'flood-0003', "
+                      "'flood-0004' and 4995 more;", str(caught.exception))
+
+    def test_symlinked_file(self):
+        real = os.path.join(self.tmp, "MEMORY.real")
+        os.rename(os.path.join(self.pack, "MEMORY.md"), real)
+        os.symlink(real, os.path.join(self.pack, "MEMORY.md"))
+        self.assertRefused(self.pack, "MEMORY.md: is a symlink; only regular files are read")
+
+    def test_symlinked_root(self):
+        link = os.path.join(self.tmp, "link")
+        os.symlink(self.pack, link)
+        self.assertRefused(link, "pack folder %s is a symlink; give the real folder" % link)
+
+    def test_root_must_be_a_directory_and_absolute(self):
+        self.assertRefused(os.path.join(self.pack, "README.md"),
+                           "pack folder %s is not a directory" % os.path.join(self.pack, "README.md"))
+        self.assertRefused("examples/pack", "--pack must be an absolute path, got 'examples/pack'")
+        missing = os.path.join(self.tmp, "nope")
+        self.assertRefused(missing, "pack folder %s cannot be opened: No such file or directory" % missing)
+
+    def test_fifo_and_directory_entries_are_not_regular_files(self):
+        os.unlink(os.path.join(self.pack, "README.md"))
+        os.mkfifo(os.path.join(self.pack, "README.md"))     # opening it for reading would block forever
+        self.assertRefused(self.pack, "README.md: is not a regular file")
+        os.unlink(os.path.join(self.pack, "README.md"))
+        os.mkdir(os.path.join(self.pack, "README.md"))
+        self.assertRefused(self.pack, "README.md: is not a regular file")
+
+    def test_size_limit_checked_before_reading(self):
+        path = os.path.join(self.pack, "README.md")
+        with open(path, "ab") as f:
+            f.truncate(16 * 1024 * 1024 + 1)                 # sparse: nothing to read, the size alone refuses
+        self.assertRefused(self.pack, "README.md: is 16777217 bytes; the limit is 16777216")
+
+
+# ---------------------------------------------------------------------------
+# MCP over stdio, driving the real script as a process
+# ---------------------------------------------------------------------------
+
+def initialize(version="2025-11-25", request_id=1):
+    return {"jsonrpc": "2.0", "id": request_id, "method": "initialize",
+            "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+
+def call(request_id, name, arguments, **extra):
+    return dict({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                 "params": {"name": name, "arguments": arguments}}, **extra)
+
+
+MODERN_META = {vm.META_VERSION: vm.MODERN_VERSION, vm.META_CAPABILITIES: {}}
+
+
+class McpProcessCase(TempDirCase):
+    def session(self, *messages, pack=EXAMPLE, args=()):
+        """Send lines (objects are JSON-encoded, bytes sent as they are) -> (replies, process)."""
+        data = b"".join(m if isinstance(m, bytes) else json.dumps(m).encode() + b"\n" for m in messages)
+        done = run("--pack", pack, *args, stdin=data)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        replies = [json.loads(line) for line in done.stdout.decode("utf-8").split("\n") if line]
+        for reply in replies:                  # stdout carries only JSON-RPC messages
+            items = reply if isinstance(reply, list) else [reply]
+            for item in items:
+                self.assertEqual(item["jsonrpc"], "2.0")
+                self.assertIn("id", item)
+                self.assertEqual(len(set(item) & {"result", "error"}), 1)
+        return replies, done
+
+    def error_code(self, reply):
+        return reply["error"]["code"]
+
+
+class TestMcpHandshake(McpProcessCase):
+    def test_each_legacy_version_is_echoed(self):
+        for version in LEGACY:
+            with self.subTest(version=version):
+                replies, _ = self.session(initialize(version), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                                          {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                                          call(3, "verified_memory_get", {"id": "M-garden-3"}))
+                self.assertEqual(len(replies), 3)
+                init, listed, got = replies
+                self.assertEqual(init["result"]["protocolVersion"], version)
+                self.assertEqual(init["result"]["capabilities"], {"tools": {"listChanged": False}})
+                self.assertEqual(init["result"]["serverInfo"]["name"], "verified-memory")
+                self.assertEqual(init["result"]["serverInfo"]["version"], vm.VERSION)
+                self.assertEqual("instructions" in init["result"], version >= "2025-03-26")
+                tools = listed["result"]["tools"]
+                self.assertEqual([t["name"] for t in tools], ["verified_memory_search", "verified_memory_get"])
+                for tool in tools:
+                    self.assertEqual("annotations" in tool, version >= "2025-03-26")
+                    self.assertEqual("outputSchema" in tool, version >= "2025-06-18")
+                    self.assertEqual("title" in tool, version >= "2025-06-18")
+                result = got["result"]
+                self.assertFalse(result["isError"])
+                payload = json.loads(result["content"][0]["text"])
+                self.assertEqual(payload["record"]["record_id"], "M-garden-3")
+                if version >= "2025-06-18":
+                    self.assertEqual(result["structuredContent"], payload)
+                else:
+                    self.assertNotIn("structuredContent", result)
+
+    def test_unknown_or_future_versions_get_the_newest(self):
+        for version in ("2026-07-28", "1.0.0", "2099-01-01", ""):
+            with self.subTest(version=version):
+                replies, _ = self.session(initialize(version))
+                self.assertEqual(replies[0]["result"]["protocolVersion"], "2025-11-25")
+
+    def test_protocol_version_must_be_a_string(self):
+        message = initialize()
+        for bad in (None, 20251125):
+            message["params"]["protocolVersion"] = bad
+            replies, _ = self.session(message)
+            self.assertEqual(self.error_code(replies[0]), -32602)
+        del message["params"]["protocolVersion"]
+        replies, _ = self.session(message)
+        self.assertEqual(self.error_code(replies[0]), -32602)
+
+    def test_tool_schemas_are_the_seeds(self):
+        replies, _ = self.session(initialize(), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        search, get = replies[1]["result"]["tools"]
+        self.assertEqual(search["inputSchema"], {"type": "object", "properties": {"query": {
+            "type": "string", "minLength": 1, "maxLength": 512}}, "required": ["query"],
+            "additionalProperties": False})
+        self.assertEqual(get["inputSchema"], {"type": "object", "properties": {"id": {
+            "type": "string", "pattern": "^M-[A-Za-z0-9_-]{1,127}$"}}, "required": ["id"],
+            "additionalProperties": False})
+        for tool in (search, get):
+            self.assertEqual(tool["annotations"], {"readOnlyHint": True, "destructiveHint": False,
+                                                   "idempotentHint": True, "openWorldHint": False})
+            self.assertEqual(tool["outputSchema"]["type"], "object")
+            self.assertTrue(tool["title"] and tool["description"])
+
+    def test_ids_are_echoed_exactly(self):
+        replies, _ = self.session(initialize(request_id=0), {"jsonrpc": "2.0", "id": "a-b", "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": 2 ** 62, "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": -5, "method": "ping"})
+        self.assertEqual([r["id"] for r in replies], [0, "a-b", 2 ** 62, -5])
+        self.assertEqual(replies[1]["result"], {})
+
+    def test_ping_and_unknown_methods_before_initialize(self):
+        replies, _ = self.session({"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": 2, "method": "server/discover", "params": {}},
+                                  {"jsonrpc": "2.0", "id": 3, "method": "resources/list"},
+                                  {"jsonrpc": "2.0", "id": 4, "method": "tools/list"},
+                                  call(5, "verified_memory_get", {"id": "M-garden-1"}),
+                                  initialize(request_id=6),
+                                  initialize(request_id=7))
+        self.assertEqual(replies[0]["result"], {})
+        self.assertEqual([self.error_code(r) for r in replies[1:5]], [-32601, -32601, -32600, -32600])
+        self.assertIn("not initialized", replies[3]["error"]["message"])
+        self.assertIn("result", replies[5])
+        self.assertEqual(self.error_code(replies[6]), -32600)      # a second initialize
+        self.assertIn("already initialized", replies[6]["error"]["message"])
+
+    def test_requests_work_before_the_initialized_notification(self):
+        replies, _ = self.session(initialize(), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        self.assertEqual(len(replies[1]["result"]["tools"]), 2)
+
+
+class TestMcpErrors(McpProcessCase):
+    def test_parse_errors(self):
+        replies, _ = self.session(b"not json\n", b'{"jsonrpc":"2.0","id":1,"method":"ping"\n', b"\xff\xfe\n",
+                                  b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":NaN}}\n',
+                                  b'{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}\n',
+                                  b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"\\ud800"}}\n',
+                                  initialize())
+        self.assertEqual([self.error_code(r) for r in replies[:6]], [-32700] * 6)
+        self.assertTrue(all(r["id"] is None for r in replies[:6]))
+        self.assertIn("result", replies[6])                         # the session goes on
+
+    def test_invalid_requests(self):
+        replies, _ = self.session(initialize(),
+                                  b"7\n", b'"ping"\n', b"[]\n",
+                                  {"jsonrpc": "2.0", "id": None, "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": 1.5, "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": True, "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"},
+                                  {"jsonrpc": "1.0", "id": 9, "method": "ping"},
+                                  {"id": 10, "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": 11, "method": 5},
+                                  {"jsonrpc": "2.0", "id": 12},
+                                  [{"jsonrpc": "2.0", "id": 13, "method": "ping"}])
+        codes = [self.error_code(r) for r in replies[1:]]
+        self.assertEqual(codes, [-32600] * 12)
+        self.assertEqual([r["id"] for r in replies[1:]], [None] * 7 + [9, 10, 11, None, None])
+
+    def test_method_not_found(self):
+        replies, _ = self.session(initialize(), *[{"jsonrpc": "2.0", "id": i, "method": m} for i, m in enumerate(
+            ("resources/list", "prompts/list", "logging/setLevel", "completion/complete", "server/discover",
+             "tools/List", ""), 2)])
+        self.assertEqual([self.error_code(r) for r in replies[1:]], [-32601] * 7)
+
+    def test_invalid_params(self):
+        replies, _ = self.session(
+            initialize(),
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": []},
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"cursor": "next"}},
+            {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"arguments": {}}},
+            {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": 5}},
+            call(6, "verified_memory_search", ["query"]),
+            call(7, "verified_memory_delete", {"id": "M-garden-1"}),
+            {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": "x"})
+        self.assertEqual([self.error_code(r) for r in replies[1:]], [-32602] * 7)
+        self.assertEqual(replies[6]["error"]["message"], "Unknown tool: verified_memory_delete")
+
+    def test_invalid_arguments_are_tool_errors(self):
+        cases = (("verified_memory_search", {}, "argument 'query' is required and must be a string"),
+                 ("verified_memory_search", {"query": 5}, "argument 'query' is required and must be a string"),
+                 ("verified_memory_search", {"query": ""}, "argument 'query' must be 1 to 512 characters long"),
+                 ("verified_memory_search", {"query": "a" * 513}, "argument 'query' must be 1 to 512 characters "
+                                                                  "long"),
+                 ("verified_memory_search", {"query": "garden", "limit": 3}, "unknown argument 'limit': "
+                                                                             "verified_memory_search takes only "
+                                                                             "'query'"),
+                 ("verified_memory_search", {"query": "?! -- ..."}, "the query has no words to search for"),
+                 ("verified_memory_search", {"query": " ".join("w%d" % i for i in range(33))},
+                  "the query has 33 different words; the limit is 32"),
+                 ("verified_memory_get", {"id": "M-garden-1\n"}, "argument 'id' must match ^M-[A-Za-z0-9_-]{1,127}$"),
+                 ("verified_memory_get", {"id": "garden-1"}, "argument 'id' must match ^M-[A-Za-z0-9_-]{1,127}$"),
+                 ("verified_memory_get", {"query": "x"}, "unknown argument 'query': verified_memory_get takes only "
+                                                         "'id'"))
+        replies, _ = self.session(initialize(), *[call(i, name, args) for i, (name, args, _) in enumerate(cases, 2)])
+        for reply, (_, _, message) in zip(replies[1:], cases):
+            with self.subTest(message=message):
+                self.assertEqual(reply["result"]["isError"], True)
+                self.assertEqual(reply["result"]["content"], [{"type": "text", "text": message}])
+                self.assertNotIn("structuredContent", reply["result"])
+
+    def test_32_words_and_512_characters_are_allowed(self):
+        query = " ".join("garden" for _ in range(100))[:512]         # many repeats, one unique word
+        replies, _ = self.session(initialize(), call(2, "verified_memory_search", {"query": query}),
+                                  call(3, "verified_memory_search",
+                                       {"query": " ".join("w%d" % i for i in range(32))}))
+        self.assertFalse(replies[1]["result"]["isError"])
+        self.assertEqual(replies[2]["result"]["structuredContent"]["matched"], 0)
+
+    def test_notifications_get_no_reply(self):
+        replies, _ = self.session({"jsonrpc": "2.0", "method": "notifications/initialized"},
+                                  {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}},
+                                  {"jsonrpc": "2.0", "method": "no/such/notification"},
+                                  {"jsonrpc": "2.0", "method": "notifications/initialized", "params": "bad"},
+                                  {"jsonrpc": "1.0", "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": 5, "result": {}},            # a response: ignored
+                                  {"jsonrpc": "2.0", "id": 6, "error": {"code": 1, "message": "x"}},
+                                  {"jsonrpc": "2.0", "id": 7, "method": "ping"})
+        self.assertEqual(replies, [{"jsonrpc": "2.0", "id": 7, "result": {}}])
+
+    def test_batches_only_in_2025_03_26(self):
+        batch = [{"jsonrpc": "2.0", "id": 2, "method": "ping"}, {"jsonrpc": "2.0", "method": "notifications/x"},
+                 call(3, "verified_memory_get", {"id": "M-garden-2"}), {"jsonrpc": "2.0", "id": 4, "method": "nope"},
+                 initialize(request_id=5)]
+        replies, _ = self.session(initialize("2025-03-26"), batch, [{"jsonrpc": "2.0", "method": "notifications/x"}])
+        self.assertEqual(len(replies), 2)                       # a batch of notifications gets no reply
+        answer = replies[1]
+        self.assertEqual([r["id"] for r in answer], [2, 3, 4, 5])
+        self.assertEqual(answer[0]["result"], {})
+        self.assertFalse(answer[1]["result"]["isError"])
+        self.assertEqual(self.error_code(answer[2]), -32601)
+        self.assertEqual(self.error_code(answer[3]), -32600)
+        for version in ("2024-11-05", "2025-06-18", "2025-11-25"):
+            with self.subTest(version=version):
+                replies, _ = self.session(initialize(version), batch)
+                self.assertEqual(self.error_code(replies[1]), -32600)
+                self.assertIsNone(replies[1]["id"])
+
+    def test_a_line_over_1_mib_is_refused_and_serving_goes_on(self):
+        big = b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"pad":"' + b"x" * (1 << 20) + b'"}}\n'
+        exact = b'{"jsonrpc":"2.0","id":3,"method":"ping","params":{"pad":"'
+        exact += b"y" * ((1 << 20) - len(exact) - 3) + b'"}}\n'
+        self.assertEqual(len(exact), (1 << 20) + 1)                # 1 MiB of JSON plus its newline
+        replies, _ = self.session(initialize(), big, exact, {"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        self.assertEqual(self.error_code(replies[1]), -32600)
+        self.assertIn("larger than 1048576 bytes", replies[1]["error"]["message"])
+        self.assertEqual(replies[2], {"jsonrpc": "2.0", "id": 3, "result": {}})
+        self.assertEqual(replies[3]["id"], 4)
+
+    def test_crlf_and_blank_lines_are_tolerated(self):
+        replies, _ = self.session(b"\r\n", b"\n", json.dumps(initialize()).encode() + b"\r\n")
+        self.assertEqual(len(replies), 1)
+
+    def test_exit_0_on_eof_and_a_last_line_without_newline(self):
+        replies, done = self.session(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode())
+        self.assertEqual(replies, [{"jsonrpc": "2.0", "id": 1, "result": {}}])
+        self.assertEqual(done.stderr, b"")
+
+    def test_internal_errors_keep_the_session(self):
+        class Broken:
+            def call(self, name, arguments):
+                raise RuntimeError("boom")
+        session = vm.McpSession(Broken())
+        session.handle_message(initialize())
+        with contextlib.redirect_stderr(io.StringIO()) as log:
+            reply = session.handle_message(call(2, "verified_memory_get", {"id": "M-a"}))
+        self.assertEqual(log.getvalue(), "verified-memory: internal error in tools/call: RuntimeError\n")
+        self.assertEqual(reply["error"], {"code": -32603, "message": "Internal error"})
+        self.assertEqual(session.handle_message({"jsonrpc": "2.0", "id": 3, "method": "ping"})["result"], {})
+
+
+class TestMcpModernEra(McpProcessCase):
+    def request(self, request_id, method, params=None, meta=MODERN_META):
+        params = dict(params or {})
+        if meta is not None:
+            params["_meta"] = meta
+        return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+    def test_discover_list_call(self):
+        replies, _ = self.session(self.request(1, "server/discover"), self.request(2, "tools/list"),
+                                  self.request(3, "tools/call", {"name": "verified_memory_search",
+                                                                 "arguments": {"query": "compost bay"}}),
+                                  self.request(4, "tools/call", {"name": "verified_memory_get",
+                                                                 "arguments": {"id": "M-x y"}}))
+        discover = replies[0]["result"]
+        self.assertEqual(discover["resultType"], "complete")
+        self.assertEqual(discover["supportedVersions"], ["2026-07-28"])
+        self.assertIn("tools", discover["capabilities"])
+        self.assertEqual(discover["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "verified-memory")
+        listed = replies[1]["result"]
+        self.assertEqual(listed["resultType"], "complete")
+        self.assertEqual(listed["cacheScope"], "public")
+        self.assertGreaterEqual(listed["ttlMs"], 0)
+        self.assertEqual(len(listed["tools"]), 2)
+        self.assertIn("outputSchema", listed["tools"][0])
+        found = replies[2]["result"]
+        self.assertEqual(found["resultType"], "complete")
+        self.assertEqual(found["structuredContent"]["matches"][0]["record_id"], "M-garden-6")
+        self.assertTrue(replies[3]["result"]["isError"])
+
+    def test_modern_requests_need_meta(self):
+        replies, _ = self.session(self.request(1, "server/discover"), self.request(2, "tools/list", meta=None),
+                                  self.request(3, "tools/list", meta={vm.META_VERSION: vm.MODERN_VERSION}),
+                                  self.request(4, "initialize", {"protocolVersion": "2025-11-25"}),
+                                  self.request(5, "resources/list"))
+        self.assertEqual([self.error_code(r) for r in replies[1:]], [-32602, -32602, -32600, -32601])
+
+    def test_unsupported_modern_version(self):
+        meta = {vm.META_VERSION: "2027-01-01", vm.META_CAPABILITIES: {}}
+        replies, _ = self.session(self.request(1, "server/discover", meta=meta), initialize(request_id=2))
+        self.assertEqual(self.error_code(replies[0]), -32022)
+        self.assertEqual(replies[0]["error"]["data"]["requested"], "2027-01-01")
+        self.assertEqual(replies[0]["error"]["data"]["supported"], ["2026-07-28"] + list(vm.LEGACY_VERSIONS))
+        self.assertEqual(replies[1]["result"]["protocolVersion"], "2025-11-25")   # still free to go legacy
+
+    def test_legacy_session_ignores_modern_meta(self):
+        replies, _ = self.session(initialize(), self.request(2, "server/discover"), self.request(3, "tools/list"))
+        self.assertEqual(self.error_code(replies[1]), -32601)
+        self.assertNotIn("resultType", replies[2]["result"])
+
+
+# ---------------------------------------------------------------------------
+# Stop on change
+# ---------------------------------------------------------------------------
+
+class TestStopOnChange(TempDirCase):
+    def setUp(self):
+        super().setUp()
+        self.pack = self.copy_pack()
+        self.tools = vm.ToolServer(self.load(self.pack), lambda: NOW)
+
+    def assertServing(self):
+        payload, error = self.tools.call("verified_memory_get", {"id": "M-garden-1"})
+        self.assertIsNone(error)
+        self.assertTrue(payload["found"])
+
+    def assertStopped(self):
+        for name, args in (("verified_memory_get", {"id": "M-garden-1"}), ("verified_memory_search", {"query": "x"})):
+            payload, error = self.tools.call(name, args)
+            self.assertIsNone(payload)
+            self.assertEqual(error, vm.CHANGED_ON_DISK)
+
+    def test_unchanged_pack_keeps_serving(self):
+        for _ in range(3):
+            self.assertServing()
+
+    def test_edit(self):
+        self.assertServing()
+        with open(os.path.join(self.pack, "MEMORY.md"), "ab") as f:
+            f.write(b"\nappended\n")
+        self.assertStopped()
+
+    def test_added_file_then_removed_again_stays_stopped(self):
+        extra = os.path.join(self.pack, ".DS_Store")
+        write(extra, "x")
+        self.assertStopped()
+        os.unlink(extra)
+        self.assertStopped()                  # latched until restart
+
+    def test_removed_file(self):
+        os.unlink(os.path.join(self.pack, "README.md"))
+        self.assertStopped()
+
+    def test_same_size_edit_with_restored_mtime(self):
+        path = os.path.join(self.pack, "records.jsonl")
+        before = os.stat(path)
+        data = bytearray(read(path))
+        at = data.index(b"GARDEN-ACCT-0042")
+        data[at:at + 16] = b"ATTACK-ACCT-6666"
+        time.sleep(0.01)
+        with open(path, "r+b") as f:
+            f.write(bytes(data))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = os.stat(path)
+        self.assertEqual((after.st_size, after.st_mtime_ns), (before.st_size, before.st_mtime_ns))
+        self.assertStopped()
+
+    def test_folder_swapped_for_an_identical_copy(self):
+        os.rename(self.pack, self.pack + ".old")
+        shutil.copytree(self.pack + ".old", self.pack, copy_function=shutil.copy2)
+        self.assertStopped()
+
+    def test_folder_removed(self):
+        shutil.rmtree(self.pack)
+        self.assertStopped()
+
+    def test_file_replaced_by_rename(self):
+        path = os.path.join(self.pack, "README.md")
+        write(path + ".tmp", read(path))
+        self.assertStopped()                   # the temporary file alone already counts
+        self.tools.changed = False
+        os.rename(path + ".tmp", path)
+        self.assertStopped()
+
+    def test_running_server_refuses_with_no_record_data(self):
+        session = [initialize(), call(2, "verified_memory_get", {"id": "M-garden-7"})]
+        proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", self.pack], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        for message in session:
+            proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+        first = [json.loads(proc.stdout.readline()) for _ in session]
+        self.assertIn("GARDEN-ACCT-0042", first[1]["result"]["content"][0]["text"])
+        with open(os.path.join(self.pack, "records.jsonl"), "ab") as f:
+            f.write(b" ")
+        later = [call(3, "verified_memory_get", {"id": "M-garden-7"}), call(4, "verified_memory_search",
+                                                                           {"query": "account"})]
+        out, _ = proc.communicate(b"".join(json.dumps(m).encode() + b"\n" for m in later), timeout=30)
+        rest = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual(proc.returncode, 0)
+        self.assertEqual(len(rest), 2)
+        for reply in rest:
+            self.assertEqual(reply["result"], {"content": [{"type": "text", "text": vm.CHANGED_ON_DISK}],
+                                               "isError": True})
+
+
+# ---------------------------------------------------------------------------
+# Search: normalisation and ranking
+# ---------------------------------------------------------------------------
+
+def message(i, text, date="2026-01-01T00:00:00Z", speaker="Ana"):
+    return json.dumps({"id": i, "date": date, "speaker": speaker, "text": text})
+
+
+def quote_record(record_id, message_id, quote, **extra):
+    return json.dumps(dict({"record_id": record_id, "role": "user", "topic": "t", "category": "c",
+                            "quotes": [{"message_id": message_id, "quote": quote}]}, **extra))
+
+
+class SearchCase(TempDirCase):
+    def build(self, messages, records):
+        files = vm.build_pack_files("\n".join(messages).encode(), "\n".join(records).encode(), "Test", "",
+                                    ("messages.jsonl", "records.jsonl"))
+        pack = os.path.join(self.tmp, "pack-%d" % len(os.listdir(self.tmp)))
+        os.mkdir(pack)
+        for name, data in files.items():
+            write(os.path.join(pack, name), data)
+        self.tools = vm.ToolServer(self.load(pack), lambda: NOW)
+        return self.tools
+
+    def search(self, query):
+        payload, error = self.tools.call("verified_memory_search", {"query": query})
+        self.assertIsNone(error)
+        return payload
+
+
+class TestSearch(SearchCase):
+    def test_example_search_result_shape(self):
+        self.tools = vm.ToolServer(self.load(EXAMPLE), lambda: NOW)
+        payload = self.search("Café seedlings")
+        self.assertEqual(set(payload), {"matches", "matched", "verification", "notice"})
+        self.assertEqual(payload["notice"], vm.NOTICE)
+        self.assertIn("not instructions", vm.NOTICE.replace("never instructions", "not instructions"))
+        self.assertIn("not truth", vm.NOTICE)
+        match = payload["matches"][0]
+        self.assertEqual(match["record_id"], "M-garden-3")
+        self.assertEqual(match["evidence"][0]["quote"], "the café on the corner sells seedlings on Saturdays.")
+        self.assertEqual(match["evidence"][0]["message_id"], 3)
+        self.assertEqual(match["speaker"], "Rowan")
+        self.assertEqual(match["date_last_utc"], "2026-03-02T08:20:00Z")
+        self.assertEqual(match["occurrences"], 5)     # café x2 and seedlings x2 in statement+quote, +1 in topic
+
+    def test_all_words_are_required(self):
+        self.build([message(1, "red apple"), message(2, "green apple")],
+                   [quote_record("M-1", 1, "red apple"), quote_record("M-2", 2, "green apple")])
+        self.assertEqual(self.search("apple")["matched"], 2)
+        self.assertEqual([m["record_id"] for m in self.search("red apple")["matches"]], ["M-1"])
+        self.assertEqual(self.search("red green")["matched"], 0)
+        self.assertEqual(self.search("pear")["matches"], [])
+
+    def test_topic_statement_and_quotes_are_searched(self):
+        self.build([message(1, "alpha")], [quote_record("M-1", 1, "alpha", topic="Beta", statement="gamma")])
+        for word in ("alpha", "beta", "gamma"):
+            self.assertEqual(self.search(word)["matched"], 1, word)
+        self.assertEqual(self.search("alpha beta gamma")["matched"], 1)
+
+    def test_nfkc_and_case_folding(self):
+        self.build([message(1, "Straße ﬁnal ＧＡＲＤＥＮ Café"), message(2, "cafe\u0301 two")],
+                   [quote_record("M-1", 1, "Straße ﬁnal ＧＡＲＤＥＮ Café"), quote_record("M-2", 2, "cafe\u0301 two")])
+        self.assertEqual(self.search("STRASSE")["matched"], 1)
+        self.assertEqual(self.search("final garden")["matched"], 1)
+        self.assertEqual(self.search("ｇａｒｄｅｎ")["matched"], 1)
+        self.assertEqual([m["record_id"] for m in self.search("CAFÉ")["matches"]], ["M-1", "M-2"])
+
+    def test_no_stemming_or_substrings(self):
+        self.build([message(1, "gardening tools")], [quote_record("M-1", 1, "gardening tools")])
+        self.assertEqual(self.search("garden")["matched"], 0)
+        self.assertEqual(self.search("tool")["matched"], 0)
+
+    def test_ranking_occurrences_then_newest_then_id(self):
+        messages = [message(1, "bee bee bee", "2026-01-01T00:00:00Z"), message(2, "bee", "2026-05-01T00:00:00Z"),
+                    message(3, "bee", "2026-05-01T00:00:00+00:00"), message(4, "bee", "2026-03-01T00:00:00Z"),
+                    message(5, "bee hive", "2026-02-01T00:00:00Z")]
+        records = [quote_record("M-old-many", 1, "bee bee bee"), quote_record("M-b", 2, "bee"),
+                   quote_record("M-a", 3, "bee"), quote_record("M-mid", 4, "bee"), quote_record("M-hive", 5, "bee hive")]
+        self.build(messages, records)
+        # statement + quote double every count
+        self.assertEqual([(m["record_id"], m["occurrences"]) for m in self.search("bee")["matches"]],
+                         [("M-old-many", 6), ("M-a", 2), ("M-b", 2), ("M-mid", 2), ("M-hive", 2)])
+        self.assertEqual([(m["record_id"], m["occurrences"]) for m in self.search("hive bee")["matches"]],
+                         [("M-hive", 4)])
+
+    def test_at_most_10_matches_and_the_total(self):
+        messages = [message(i, "common word %d" % i, "2026-01-%02dT00:00:00Z" % i) for i in range(1, 26)]
+        records = [quote_record("M-%02d" % i, i, "common word %d" % i) for i in range(1, 26)]
+        self.build(messages, records)
+        payload = self.search("common")
+        self.assertEqual(payload["matched"], 25)
+        self.assertEqual([m["record_id"] for m in payload["matches"]], ["M-%02d" % i for i in range(25, 15, -1)])
+
+    def test_repeated_query_words_count_once(self):
+        self.build([message(1, "a b")], [quote_record("M-1", 1, "a b")])
+        query = " ".join(["b"] * 40 + ["a"])
+        self.assertEqual(self.search(query)["matched"], 1)
+
+    def test_index_matches_a_linear_scan(self):
+        words = ["w%d" % i for i in range(12)]
+        messages, records = [], []
+        for i in range(1, 120):
+            text = " ".join(words[(i * k) % 12] for k in range(1, 2 + i % 7))
+            messages.append(message(i, text, "2026-01-01T00:%02d:00Z" % (i % 60)))
+            records.append(quote_record("M-%03d" % i, i, text))
+        self.build(messages, records)
+        snapshot = self.tools.snapshot
+        for query in (["w1"], ["w2", "w3"], ["w0", "w4", "w8"], ["w5", "w7"], ["w11"]):
+            scored = []
+            for i in range(snapshot.pack["records"]):
+                record = snapshot.record(i)
+                text = vm.search_words("\n".join([record["statement"], record["topic"]] +
+                                                 [c["quote"] for c in record["evidence"]]))
+                if all(w in text for w in query):
+                    scored.append((-sum(text.count(w) for w in query),
+                                   -vm.parse_utc(record["date_last_utc"]), record["record_id"]))
+            scored.sort()
+            payload = self.search(" ".join(query))
+            self.assertEqual(payload["matched"], len(scored), query)
+            self.assertEqual([m["record_id"] for m in payload["matches"]], [s[2] for s in scored[:10]], query)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+class TestCommandLine(TempDirCase):
+    def assertFails(self, done, status, stderr):
+        self.assertEqual(done.returncode, status, done.stderr)
+        self.assertEqual(done.stdout, b"")
+        self.assertIn(stderr, done.stderr.decode())
+
+    def test_help_and_version(self):
+        for flag in ("--help", "-h"):
+            done = run(flag)
+            self.assertEqual(done.returncode, 0)
+            self.assertIn(b"verified_memory.py check  --pack /abs/pack", done.stdout)
+            self.assertIn(b"--trusted-fingerprint", done.stdout)
+        done = run("--version")
+        self.assertEqual(done.stdout.decode().strip(), "verified_memory.py " + vm.VERSION)
+        self.assertEqual(run("search", "--help").returncode, 0)
+
+    def test_unknown_flags_and_commands(self):
+        self.assertFails(run("--pak", EXAMPLE), 2, "unknown flag --pak for serve")
+        self.assertFails(run("check", "--pack", EXAMPLE, "--verbose"), 2, "unknown flag --verbose for check")
+        self.assertFails(run("check", "--pack", EXAMPLE, "-v"), 2, "unknown flag -v for check")
+        self.assertFails(run("serve-all"), 2, "unknown command 'serve-all'")
+        self.assertFails(run("build", "--pack", EXAMPLE), 2, "unknown flag --pack for build")
+        self.assertFails(run("check", "--pack"), 2, "--pack needs a value")
+        self.assertFails(run("check", "--pack", EXAMPLE, "--pack", EXAMPLE), 2, "--pack is given twice")
+        self.assertFails(run("check", "--strict=yes"), 2, "--strict takes true or false, got 'yes'")
+        self.assertFails(run("check", "--pack", EXAMPLE, "extra"), 2, "check takes no positional arguments")
+        self.assertFails(run("get", "--pack", EXAMPLE), 2, "get takes RECORD_ID")
+
+    def test_absolute_paths_only(self):
+        self.assertFails(run("check", "--pack", "examples/pack", cwd=HERE), 1,
+                         "refused: --pack must be an absolute path, got 'examples/pack'")
+        self.assertFails(run("check", "--trusted-keys", "keys.txt"), 1,
+                         "--trusted-keys must be an absolute path, got 'keys.txt'")
+
+    def test_flag_value_forms(self):
+        for args in (("--pack", EXAMPLE), ("--pack=" + EXAMPLE,), ("--pack=" + EXAMPLE, "--strict=false",
+                     "--require-signature=false", "--trusted-keys=", "--trusted-fingerprint=", "--revoked-keys=",
+                     "--min-sequence="), ("--pack", EXAMPLE, "--trusted-keys=${user_config.trusted_keys}",
+                     "--strict=${user_config.s}", "--trusted-fingerprint", "${user_config.pin}")):
+            with self.subTest(args=args):
+                done = run("check", *args)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertEqual(json.loads(done.stdout)["pack"], EXAMPLE)
+
+    def test_default_pack_in_a_checkout_and_not_when_vendored(self):
+        done = run("check", cwd=self.tmp)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(json.loads(done.stdout)["pack"], EXAMPLE)
+        vendored = os.path.join(self.tmp, "verified_memory.py")
+        shutil.copy(SCRIPT, vendored)
+        done = subprocess.run([sys.executable, vendored, "check"], capture_output=True, cwd=self.tmp)
+        self.assertFails(done, 2, "--pack /absolute/path/to/pack is required (no examples/pack beside this file)")
+
+    def test_check_prints_the_report_and_exits_1_on_refusal(self):
+        done = run("check", "--pack", EXAMPLE)
+        self.assertEqual(done.returncode, 0)
+        report = json.loads(done.stdout)
+        self.assertEqual(report["verification"], vm.load_pack(EXAMPLE, vm.TrustPolicy(), NOW).verification(NOW))
+        pack = self.copy_pack()
+        write(os.path.join(pack, "README.md"), "changed\n")
+        self.assertFails(run("check", "--pack", pack), 1, "verified-memory: refused: README.md: SHA-256 of README.md")
+
+    def test_serve_refuses_before_any_protocol_output(self):
+        pack = self.copy_pack()
+        os.unlink(os.path.join(pack, "MEMORY.md"))
+        done = run("--pack", pack, stdin=json.dumps(initialize()).encode() + b"\n")
+        self.assertFails(done, 1, "verified-memory: refused: pack folder has no MEMORY.md")
+        self.assertEqual(done.stderr.decode().count("\n"), 1)
+
+    def test_search_and_get_print_what_the_tools_return(self):
+        done = run("search", "--pack", EXAMPLE, "bees fence")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        payload = json.loads(done.stdout)
+        self.assertEqual([m["record_id"] for m in payload["matches"]], ["M-garden-11"])
+        done = run("get", "--pack", EXAMPLE, "M-garden-11")
+        self.assertEqual(json.loads(done.stdout)["record"]["topic"], "Bees")
+        done = run("get", "--pack", EXAMPLE, "M-none")
+        self.assertEqual(json.loads(done.stdout)["found"], False)
+        self.assertFails(run("get", "--pack", EXAMPLE, "garden-11"), 1, "argument 'id' must match")
+        self.assertEqual(json.loads(run("search", "--pack", EXAMPLE, "--", "--strict").stdout)["matched"], 0)
+
+    def test_terminal_stdin_gets_a_hint_on_stderr(self):
+        import pty
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", EXAMPLE], stdin=slave, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        os.close(slave)
+        try:
+            line = proc.stderr.readline().decode()
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+            os.close(master)
+        self.assertIn("waiting for an MCP client", line)
+        self.assertIn("search --pack %s QUERY" % EXAMPLE, line)
