@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import shutil
 import stat
 import subprocess
@@ -1124,3 +1125,544 @@ class TestCommandLine(TempDirCase):
             os.close(master)
         self.assertIn("waiting for an MCP client", line)
         self.assertIn("search --pack %s QUERY" % EXAMPLE, line)
+
+
+# ---------------------------------------------------------------------------
+# Ed25519: an independent slow reference (affine formulas, double-and-add, a
+# different square root) to sign, to craft edge cases, and to model lenient
+# verifiers (OpenSSH 9.2, cofactored), so each rejection below is shown to be a
+# forgery or malleation that some real verifier accepts.
+# ---------------------------------------------------------------------------
+rp = 2**255 - 19
+rL = 2**252 + 27742317777372353535851937790883648493
+rd = (-121665 * pow(121666, rp - 2, rp)) % rp
+rI = pow(2, (rp - 1) // 4, rp)          # sqrt(-1)
+O = (0, 1)                               # neutral element, affine
+
+
+def r_inv(x):
+    return pow(x, rp - 2, rp)
+
+
+def r_add(P, Q):
+    """Affine twisted Edwards addition, a = -1 (complete)."""
+    (x1, y1), (x2, y2) = P, Q
+    t = rd * x1 * x2 * y1 * y2 % rp
+    return ((x1 * y2 + x2 * y1) * r_inv(1 + t) % rp,
+            (y1 * y2 + x1 * x2) * r_inv(1 - t) % rp)
+
+
+def r_neg(P):
+    return ((-P[0]) % rp, P[1])
+
+
+def r_mul(k, P):
+    Q = O
+    while k:
+        if k & 1:
+            Q = r_add(Q, P)
+        P = r_add(P, P)
+        k >>= 1
+    return Q
+
+
+def r_xrecover(y, sign):
+    """x with given parity, or None; sqrt via x2^((p+3)/8) (not u v^3 ...)."""
+    x2 = (y * y - 1) * r_inv(rd * y * y + 1) % rp
+    x = pow(x2, (rp + 3) // 8, rp)
+    if (x * x - x2) % rp:
+        x = x * rI % rp
+    if (x * x - x2) % rp:
+        return None
+    if x & 1 != sign:
+        x = (-x) % rp
+    return x
+
+
+def r_encode(P):
+    return (P[1] | ((P[0] & 1) << 255)).to_bytes(32, "little")
+
+
+def r_decode_lenient(b):
+    """SUPERCOP-ref / OpenSSH 9.2 style: bit 255 masked, y reduced mod p
+    (no y < p check), "-0" accepted, only non-squares fail."""
+    v = int.from_bytes(b, "little")
+    y = (v & ((1 << 255) - 1)) % rp
+    x = r_xrecover(y, v >> 255)
+    return None if x is None else (x, y)
+
+
+Bpt = (r_xrecover(4 * r_inv(5) % rp, 0), 4 * r_inv(5) % rp)
+
+
+def r_H(*parts):
+    return int.from_bytes(hashlib.sha512(b"".join(parts)).digest(), "little")
+
+
+def r_keypair(seed):
+    h = hashlib.sha512(seed).digest()
+    a = int.from_bytes(h[:32], "little") & ((1 << 254) - 8) | (1 << 254)
+    return a, h[32:], r_encode(r_mul(a, Bpt))
+
+
+def r_sign(seed, msg):
+    a, prefix, A = r_keypair(seed)
+    r = r_H(prefix, msg) % rL
+    R = r_encode(r_mul(r, Bpt))
+    S = (r + r_H(R, A, msg) % rL * a) % rL
+    return A, R + S.to_bytes(32, "little")
+
+
+def r_verify_openssh92(pk, msg, sig):
+    """Model of OpenSSH 9.2 crypto_sign_ed25519_open (facts file §4.2)."""
+    if len(pk) != 32 or len(sig) != 64 or sig[63] & 224:
+        return False                      # only S < 2^253 is checked
+    A = r_decode_lenient(pk)
+    if A is None:
+        return False
+    S = int.from_bytes(sig[32:], "little") % rL
+    k = r_H(sig[:32], pk, msg) % rL
+    return r_encode(r_add(r_mul(S, Bpt), r_neg(r_mul(k, A)))) == sig[:32]
+
+
+def r_verify_cofactored(pk, msg, sig):
+    """[8][S]B == [8]R + [8][k]A with lenient decodings, S < L."""
+    A, R = r_decode_lenient(pk), r_decode_lenient(sig[:32])
+    S = int.from_bytes(sig[32:], "little")
+    if A is None or R is None or S >= rL:
+        return False
+    k = r_H(sig[:32], pk, msg) % rL
+    lhs = r_mul(8, r_mul(S, Bpt))
+    return lhs == r_mul(8, r_add(R, r_mul(k, A)))
+
+
+def k_of(R, pk, msg):
+    return r_H(R, pk, msg) % rL
+
+
+def msg_with_k(R, pk, pred, tag=b"m"):
+    """First message tag||i whose k = H(R||pk||msg) mod L satisfies pred."""
+    for i in range(10000):
+        m = tag + str(i).encode()
+        if pred(k_of(R, pk, m)):
+            return m
+    raise AssertionError("no message found")
+
+
+def torsion_points():
+    """The 8 points of order dividing 8, as [i]T8 for a generator T8."""
+    y = 2
+    while True:
+        x = r_xrecover(y, 0)
+        if x is not None:
+            T = r_mul(rL, (x, y))        # kill the prime-order component
+            if r_mul(4, T) != O:         # order exactly 8
+                break
+        y += 1
+    pts = [O]
+    for _ in range(7):
+        pts.append(r_add(pts[-1], T))
+    return pts
+
+
+TORSION = torsion_points()
+T8 = TORSION[1]
+ID = r_encode(O)                          # 0100..00
+SEEDS = [bytes([i]) * 32 for i in range(1, 4)]
+
+# ------------------------------------------------- RFC 8032 §7.1 test vectors
+MSG_1024 = bytes.fromhex(
+    "08b8b2b733424243760fe426a4b54908632110a66c2f6591eabd3345e3e4eb98"
+    "fa6e264bf09efe12ee50f8f54e9f77b1e355f6c50544e23fb1433ddf73be84d8"
+    "79de7c0046dc4996d9e773f4bc9efe5738829adb26c81b37c93a1b270b20329d"
+    "658675fc6ea534e0810a4432826bf58c941efb65d57a338bbd2e26640f89ffbc"
+    "1a858efcb8550ee3a5e1998bd177e93a7363c344fe6b199ee5d02e82d522c4fe"
+    "ba15452f80288a821a579116ec6dad2b3b310da903401aa62100ab5d1a36553e"
+    "06203b33890cc9b832f79ef80560ccb9a39ce767967ed628c6ad573cb116dbef"
+    "efd75499da96bd68a8a97b928a8bbc103b6621fcde2beca1231d206be6cd9ec7"
+    "aff6f6c94fcd7204ed3455c68c83f4a41da4af2b74ef5c53f1d8ac70bdcb7ed1"
+    "85ce81bd84359d44254d95629e9855a94a7c1958d1f8ada5d0532ed8a5aa3fb2"
+    "d17ba70eb6248e594e1a2297acbbb39d502f1a8c6eb6f1ce22b3de1a1f40cc24"
+    "554119a831a9aad6079cad88425de6bde1a9187ebb6092cf67bf2b13fd65f270"
+    "88d78b7e883c8759d2c4f5c65adb7553878ad575f9fad878e80a0c9ba63bcbcc"
+    "2732e69485bbc9c90bfbd62481d9089beccf80cfe2df16a2cf65bd92dd597b07"
+    "07e0917af48bbb75fed413d238f5555a7a569d80c3414a8d0859dc65a46128ba"
+    "b27af87a71314f318c782b23ebfe808b82b0ce26401d2e22f04d83d1255dc51a"
+    "ddd3b75a2b1ae0784504df543af8969be3ea7082ff7fc9888c144da2af58429e"
+    "c96031dbcad3dad9af0dcbaaaf268cb8fcffead94f3c7ca495e056a9b47acdb7"
+    "51fb73e666c6c655ade8297297d07ad1ba5e43f1bca32301651339e22904cc8c"
+    "42f58c30c04aafdb038dda0847dd988dcda6f3bfd15c4b4c4525004aa06eeff8"
+    "ca61783aacec57fb3d1f92b0fe2fd1a85f6724517b65e614ad6808d6f6ee34df"
+    "f7310fdc82aebfd904b01e1dc54b2927094b2db68d6f903b68401adebf5a7e08"
+    "d78ff4ef5d63653a65040cf9bfd4aca7984a74d37145986780fc0b16ac451649"
+    "de6188a7dbdf191f64b5fc5e2ab47b57f7f7276cd419c17a3ca8e1b939ae49e4"
+    "88acba6b965610b5480109c8b17b80e1b7b750dfc7598d5d5011fd2dcc5600a3"
+    "2ef5b52a1ecc820e308aa342721aac0943bf6686b64b2579376504ccc493d97e"
+    "6aed3fb0f9cd71a43dd497f01f17c0e2cb3797aa2a2f256656168e6c496afc5f"
+    "b93246f6b1116398a346f1a641f3b041e989f7914f90cc2c7fff357876e506b5"
+    "0d334ba77c225bc307ba537152f3f1610e4eafe595f6d9d90d11faa933a15ef1"
+    "369546868a7f3a45a96768d40fd9d03412c091c6315cf4fde7cb68606937380d"
+    "b2eaaa707b4c4185c32eddcdd306705e4dc1ffc872eeee475a64dfac86aba41c"
+    "0618983f8741c5ef68d3a101e8a3b8cac60c905c15fc910840b94c00a0b9d0")
+
+RFC8032 = [  # (name, secret seed, public key, message, signature)
+    ("TEST 1",
+     "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+     "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a", b"",
+     "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e06522490155"
+     "5fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"),
+    ("TEST 2",
+     "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+     "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c",
+     bytes.fromhex("72"),
+     "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da"
+     "085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00"),
+    ("TEST 3",
+     "c5aa8df43f9f837bedb7442f31dcb7b166d38535076f094b85ce3a2e0b4458f7",
+     "fc51cd8e6218a1a38da47ed00230f0580816ed13ba3303ac5deb911548908025",
+     bytes.fromhex("af82"),
+     "6291d657deec24024827e69c3abe01a30ce548a284743a445e3680d7db5ac3ac"
+     "18ff9b538d16f290ae67f760984dc6594a7c15e9716ed28dc027beceea1ec40a"),
+    ("TEST 1024",
+     "f5e5767cf153319517630f226876b86c8160cc583bc013744c6bf255f5cc0ee5",
+     "278117fc144c72340f67d0f2316e8386ceffbf2b2428c9c51fef7c597f1d426e",
+     MSG_1024,
+     "0aab4c900501b3e24d7cdf4663326a3a87df5e4843b2cbdb67cbf6e460fec350"
+     "aa5371b1508f9f4528ecea23c436d94b5e8fcd4f681e30a6ac00a9704a188a03"),
+    ("TEST SHA(abc)",
+     "833fe62409237b9d62ec77587520911e9a759cec1d19755b7da901b96dca3d42",
+     "ec172b93ad5e563bf4932c70e1245034c35467ef2efd4d64ebf819683467e2bf",
+     hashlib.sha512(b"abc").digest(),
+     "dc2a4459e7369633a52b1bf277839a00201009a3efbf3ecb69bea2186c26b589"
+     "09351fc9ac90b3ecfdfbc7c66431e0303dca179c138ac17ad9bef1177331a704"),
+]
+
+
+
+def flip(data, bit):
+    data = bytearray(data)
+    data[bit // 8] ^= 1 << (bit % 8)
+    return bytes(data)
+
+
+class TestEd25519(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.msg = b"strictness"
+        cls.pk, cls.sig = r_sign(SEEDS[0], cls.msg)
+        cls.a = r_keypair(SEEDS[0])[0]
+
+    def forged(self, pk, mod):
+        """R = identity, S = 0, and a message making k = 0 mod `mod`."""
+        return msg_with_k(ID, pk, lambda k: k % mod == 0), ID + bytes(32)
+
+    def test_rfc8032_vectors(self):
+        for name, sk, pk, msg, sig in RFC8032:
+            sk, pk, sig = bytes.fromhex(sk), bytes.fromhex(pk), bytes.fromhex(sig)
+            with self.subTest(name):
+                self.assertTrue(vm.ed25519_verify(pk, msg, sig))
+                self.assertFalse(vm.ed25519_verify(pk, msg + b"\x00", sig))
+                self.assertEqual(r_sign(sk, msg), (pk, sig))      # the reference signer agrees
+
+    def test_multiplications_against_the_reference(self):
+        rnd = random.Random(1)
+        Q = r_add(r_mul(rnd.randrange(rL), Bpt), T8)              # a mixed-order point
+        Pq = vm.point_decompress(r_encode(Q))
+        for s in [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 2**252, rL - 1, rL - 2] + \
+                [rnd.randrange(rL) for _ in range(6)]:
+            self.assertEqual(vm.point_compress(vm._base_mul(s)), r_encode(r_mul(s, Bpt)), s)
+            self.assertEqual(vm.point_compress(vm._var_mul(s, Pq)), r_encode(r_mul(s, Q)), s)
+
+    def test_lengths(self):
+        for pk in (self.pk[:31], self.pk + b"\x00", b""):
+            self.assertFalse(vm.ed25519_verify(pk, self.msg, self.sig))
+        for sig in (self.sig[:63], self.sig + b"\x00", b"\x00" + self.sig, b""):
+            self.assertFalse(vm.ed25519_verify(self.pk, self.msg, sig))
+
+    def test_s_must_be_below_l(self):
+        S = int.from_bytes(self.sig[32:], "little")
+        malleated = self.sig[:32] + (S + rL).to_bytes(32, "little")
+        self.assertTrue(r_verify_openssh92(self.pk, self.msg, malleated))      # OpenSSH 9.2 accepts
+        self.assertFalse(vm.ed25519_verify(self.pk, self.msg, malleated))
+        for bad in (rL, rL + 1, 2**253 - 1, 2**256 - 1):
+            self.assertFalse(vm.ed25519_verify(self.pk, self.msg, self.sig[:32] + bad.to_bytes(32, "little")))
+
+    def test_identity_key_forges_any_message_in_openssh_but_not_here(self):
+        for m in (b"", b"pay GARDEN-ACCT-6666"):
+            self.assertTrue(r_verify_openssh92(ID, m, ID + bytes(32)))
+            self.assertFalse(vm.ed25519_verify(ID, m, ID + bytes(32)))
+
+    def test_non_canonical_keys(self):
+        for name, pk in (("y = p+1", (rp + 1).to_bytes(32, "little")), ("-0", bytes.fromhex("01" + "00" * 30 + "80")),
+                         ("y = p", rp.to_bytes(32, "little")), ("-0 order 2", bytes.fromhex("ec" + "ff" * 31))):
+            with self.subTest(name):
+                m, sig = self.forged(pk, 8)
+                self.assertTrue(r_verify_openssh92(pk, m, sig))
+                self.assertFalse(vm.ed25519_verify(pk, m, sig))
+                self.assertIsNone(vm.point_decompress(pk))
+
+    def test_every_small_order_key(self):
+        self.assertEqual(len(set(TORSION)), 8)
+        for point in TORSION + [(0, 0)]:
+            pk = r_encode(point) if point != (0, 0) else bytes(32)
+            with self.subTest(pk=pk.hex()):
+                m, sig = self.forged(pk, 8)
+                self.assertFalse(vm.ed25519_verify(pk, m, sig))
+
+    def test_off_curve_key(self):
+        y = 2
+        while r_xrecover(y, 0) is not None:
+            y += 1
+        self.assertFalse(vm.ed25519_verify(y.to_bytes(32, "little"), self.msg, self.sig))
+
+    def test_non_canonical_r(self):
+        for Rb in ((rp + 1).to_bytes(32, "little"), bytes.fromhex("01" + "00" * 30 + "80")):
+            m = b"non-canonical R"
+            sig = Rb + (k_of(Rb, self.pk, m) * self.a % rL).to_bytes(32, "little")
+            self.assertTrue(r_verify_cofactored(self.pk, m, sig))
+            self.assertFalse(vm.ed25519_verify(self.pk, m, sig))
+
+    def test_small_order_r(self):
+        m = b"identity R"
+        sig = ID + (k_of(ID, self.pk, m) * self.a % rL).to_bytes(32, "little")
+        self.assertTrue(r_verify_openssh92(self.pk, m, sig))
+        self.assertFalse(vm.ed25519_verify(self.pk, m, sig))
+
+    def test_cofactorless_equation(self):
+        a, prefix, A = r_keypair(SEEDS[0])
+        m = b"torsion-shifted R"
+        r = r_H(prefix, m) % rL
+        R2 = r_encode(r_add(r_mul(r, Bpt), T8))
+        sig = R2 + ((r + k_of(R2, A, m) * a) % rL).to_bytes(32, "little")
+        self.assertTrue(r_verify_cofactored(A, m, sig))
+        self.assertFalse(vm.ed25519_verify(A, m, sig))
+
+    def test_mixed_order_key_is_judged_cofactorless(self):
+        a, prefix, A = r_keypair(SEEDS[1])
+        A2 = r_encode(r_add(r_decode_lenient(A), T8))
+        for want in (True, False):
+            for i in range(1000):
+                m = b"mixed-%d" % i
+                r = r_H(prefix, m) % rL
+                R = r_encode(r_mul(r, Bpt))
+                k = k_of(R, A2, m)
+                if (k % 8 == 0) == want:
+                    break
+            sig = R + ((r + k * a) % rL).to_bytes(32, "little")
+            self.assertEqual(vm.ed25519_verify(A2, m, sig), want)
+
+    def test_every_bit_flip_is_rejected(self):
+        for bit in range(512):
+            self.assertFalse(vm.ed25519_verify(self.pk, self.msg, flip(self.sig, bit)), bit)
+        for bit in range(0, 256, 3):
+            self.assertFalse(vm.ed25519_verify(flip(self.pk, bit), self.msg, self.sig), bit)
+
+    def test_never_raises(self):
+        pk, sig = bytes.fromhex(RFC8032[0][2]), bytes.fromhex(RFC8032[0][4])
+        for junk in (None, "", "x" * 32, 0, 1.5, [], {}, object(), b"\xff" * 64, True, pk.hex()):
+            self.assertIs(vm.ed25519_verify(junk, b"", sig), False)
+            self.assertIs(vm.ed25519_verify(pk, b"", junk), False)
+        rnd = random.Random(7)
+        for _ in range(100):
+            key, bad = rnd.getrandbits(256).to_bytes(32, "little"), rnd.getrandbits(512).to_bytes(64, "little")
+            self.assertIs(vm.ed25519_verify(key, b"m", bad), False)
+        self.assertIs(vm.ed25519_verify(pk, b"", sig), True)
+
+    def test_wycheproof_when_the_shared_vectors_are_present(self):
+        path = os.path.join(HERE, "..", "shared", "vectors", "wycheproof-ed25519_test.json")
+        if not os.path.exists(path):
+            self.skipTest("no ../shared/vectors (make conformance runs them when present)")
+        self.assertEqual(conformance(os.path.dirname(path), quiet=True), 0)
+
+
+def conformance(folder, quiet=False):
+    """Run Wycheproof's Ed25519 vectors from `folder` (outside the repository) -> exit status."""
+    with open(os.path.join(folder, "wycheproof-ed25519_test.json")) as f:
+        data = json.load(f)
+    passed = total = 0
+    for group in data["testGroups"]:
+        pk = bytes.fromhex(group["publicKey"]["pk"])
+        for test in group["tests"]:
+            total += 1
+            ok = vm.ed25519_verify(pk, bytes.fromhex(test["msg"]), bytes.fromhex(test["sig"])) == \
+                (test["result"] == "valid")
+            passed += ok
+            if not ok and not quiet:
+                print("FAIL tcId %d: %s" % (test["tcId"], test["comment"]))
+    if not quiet:
+        print("Wycheproof Ed25519: %d/%d passed" % (passed, total))
+    return 0 if passed == total == data["numberOfTests"] else 1
+
+
+# ---------------------------------------------------------------------------
+# Benchmarks and conformance (explicit entry points; `make test` runs neither)
+# ---------------------------------------------------------------------------
+
+def make_max_pack(folder, records=10000, target_bytes=16_000_000, seed=7):
+    """Write a pack of `records` records with records.jsonl close to `target_bytes` -> its path."""
+    import random
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyzéüñ"
+    vocabulary = sorted({"".join(rng.choice(letters) for _ in range(rng.randint(2, 11))) for _ in range(40000)})
+    rng.shuffle(vocabulary)
+    weights = [1.0 / (rank + 1) for rank in range(len(vocabulary))]     # Zipf, like real text
+
+    def words(n):
+        return " ".join(rng.choices(vocabulary, weights, k=n))
+    lines = []
+    for i in range(records):
+        day = "2026-%02d-%02dT%02d:00:00Z" % (1 + i % 12, 1 + i % 28, i % 24)
+        evidence = []
+        for k in range(2):
+            text = words(60)
+            quote = text[:text.index(" ", 180)] if " " in text[180:] else text
+            evidence.append({"message_id": 2 * i + k + 1, "date_utc": day, "quote": quote, "start": 0,
+                             "end": len(quote), "message_sha256": hashlib.sha256(text.encode()).hexdigest()})
+        lines.append({"record_id": "M-bench-%05d" % i, "role": "user", "speaker": "Speaker %d" % (i % 50),
+                      "category": "c%d" % (i % 9), "topic": words(2), "statement": words(95),
+                      "date_first_utc": day, "date_last_utc": day, "evidence": evidence})
+    data = "".join(record_line(r) + "\n" for r in lines).encode()
+    while len(data) > target_bytes:          # trim statements until the file fits the target
+        for r in lines:
+            r["statement"] = r["statement"][:max(40, len(r["statement"]) - 30)]
+        data = "".join(record_line(r) + "\n" for r in lines).encode()
+    os.makedirs(folder)
+    files = {"records.jsonl": data, "MEMORY.md": b"# Bench\n", "README.md": b"# Bench pack\n"}
+    for name, blob in files.items():
+        write(os.path.join(folder, name), blob)
+    reseal(folder)
+    return folder, vocabulary
+
+
+def _best(fn, repeat=3):
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _floor(pack):
+    """What any verifier must do at least: read every file, hash it, json.loads each record line."""
+    for name in os.listdir(pack):
+        with open(os.path.join(pack, name), "rb") as f:
+            data = f.read()
+        hashlib.sha256(data).hexdigest()
+        if name == "records.jsonl":
+            for line in data.split(b"\n")[:-1]:
+                json.loads(line)
+
+
+def _percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100.0 * (len(values) - 1))))]
+
+
+def _cold_start(pack, runs=7):
+    """Median wall time from process start to the initialize answer, and of `python3 -c pass`."""
+    message = json.dumps(initialize()).encode() + b"\n"
+    ours, bare = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", pack], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc.stdin.write(message)
+        proc.stdin.flush()
+        proc.stdout.readline()
+        ours.append(time.perf_counter() - start)
+        proc.stdin.close()
+        proc.wait()
+        proc.stdout.close()
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"])
+        bare.append(time.perf_counter() - start)
+    return _percentile(ours, 50), _percentile(bare, 50)
+
+
+def _peak_rss(pack):
+    code = ("import resource, sys, time; sys.path.insert(0, %r); import verified_memory as vm; "
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+            "s = vm.load_pack(%r, vm.TrustPolicy(), time.time_ns()); "
+            "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)" % (HERE, pack))
+    base, peak = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout.split()
+    return int(base) * 1024, int(peak) * 1024
+
+
+def bench():
+    """Print the issue's benchmark table: every number next to a baseline from this same run."""
+    import random
+    tmp = tempfile.mkdtemp(prefix="vm-bench-")
+    try:
+        pack, vocabulary = make_max_pack(os.path.join(tmp, "pack"))
+        size = os.path.getsize(os.path.join(pack, "records.jsonl"))
+        print("verified_memory.py bench: Python %s, max pack: 10,000 records, records.jsonl %d bytes"
+              % (sys.version.split()[0], size))
+        floor = _best(lambda: _floor(pack))
+        startup = _best(lambda: vm.load_pack(pack, vm.TrustPolicy(), time.time_ns()))
+        files, _ = vm.read_pack(pack)
+        verify = _best(lambda: vm.verify_pack_files(files))
+        print("  startup (read + verify + index):  %7.3f s   floor %.3f s   ratio %.2fx   (target <= 2x)"
+              % (startup, floor, startup / floor))
+        print("    of which verify (no I/O):       %7.3f s" % verify)
+        ours, bare = _cold_start(EXAMPLE)
+        print("  cold start to initialize answer:  %7.1f ms  python3 -c pass %.1f ms   ratio %.2fx   (example pack)"
+              % (ours * 1e3, bare * 1e3, ours / bare))
+        ours, _ = _cold_start(pack, runs=3)
+        print("  cold start to initialize answer:  %7.1f ms  (max pack)" % (ours * 1e3))
+        snapshot = vm.load_pack(pack, vm.TrustPolicy(), time.time_ns())
+        rng = random.Random(11)
+        queries = []
+        for n in (1, 1, 2, 2, 2, 3, 3, 4):      # word counts; words drawn from the whole frequency range
+            for _ in range(25):
+                queries.append([vocabulary[min(len(vocabulary) - 1, int(rng.paretovariate(0.6)) - 1)]
+                                for _ in range(n)])
+        texts = []
+        for i in range(snapshot.pack["records"]):
+            record = snapshot.record(i)
+            texts.append(__import__("collections").Counter(vm.search_words("\n".join(
+                [record["statement"], record["topic"]] + [c["quote"] for c in record["evidence"]]))))
+        dates = [vm.parse_utc(snapshot.record(i)["date_last_utc"]) for i in range(len(texts))]
+        ids = [snapshot.record(i)["record_id"] for i in range(len(texts))]
+
+        def scan(words):
+            hits = [(-sum(c[w] for w in words), -dates[i], ids[i]) for i, c in enumerate(texts)
+                    if all(w in c for w in words)]
+            return len(hits), sorted(hits)[:10]
+        tools = vm.ToolServer(snapshot, time.time_ns)
+        index_times, call_times, scan_times, matched = [], [], [], []
+        for words in queries:
+            words = list(dict.fromkeys(words))
+            start = time.perf_counter()
+            found = snapshot.index.search(words)
+            index_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            payload, _ = tools.call("verified_memory_search", {"query": " ".join(words)})
+            call_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            expected = scan(words)
+            scan_times.append(time.perf_counter() - start)
+            assert found[0] == expected[0] == payload["matched"], words
+            matched.append(found[0])
+        for label, values in (("index search", index_times), ("whole tool call", call_times),
+                              ("linear scan", scan_times)):
+            print("  %-16s p50 %8.3f ms  p99 %8.3f ms" % (label, _percentile(values, 50) * 1e3,
+                                                         _percentile(values, 99) * 1e3))
+        print("  search vs scan: p50 %.0fx faster, p99 %.0fx faster   (targets: p99 <= 1 ms, >= 20x)  "
+              "[%d queries, %d to %d matches]"
+              % (_percentile(scan_times, 50) / _percentile(index_times, 50),
+                 _percentile(scan_times, 99) / _percentile(index_times, 99), len(queries), min(matched), max(matched)))
+        base, peak = _peak_rss(pack)
+        print("  peak RSS: %.1f MiB (interpreter + module %.1f MiB); %.2fx records.jsonl   (target <= 4x)"
+              % (peak / 2**20, base / 2**20, peak / size))
+    finally:
+        shutil.rmtree(tmp, True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["bench"]:
+        bench()
+    elif sys.argv[1:2] == ["conformance"]:
+        sys.exit(conformance(sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "..", "shared", "vectors")))
+    else:
+        unittest.main()
