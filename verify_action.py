@@ -148,8 +148,6 @@ def _es_number(x):
         raise ValueError("NaN and Infinity have no canonical JSON form")
     if f == 0:
         return "0"
-    if f.is_integer() and abs(f) < 1e21:
-        return "%d" % f
     mant, _, exp = repr(abs(f)).partition("e")
     ip, _, fp = mant.partition(".")
     raw = ip + fp
@@ -205,7 +203,7 @@ def b64url(data):
 # §3 Rules per kind (pure). Every rule tokenises its input once with single-class patterns and
 # set look-ups, so time is linear in the input; no pattern has nested or adjacent overlapping quantifiers.
 # ---------------------------------------------------------------------------------------------------
-_TOKEN = re.compile(r"[^\s`'\"(),;<>\[\]{}|]+")
+_TOKEN = re.compile(r"[^\s`'\"();<>\[\]{}|]+")
 _CODE_TOKEN = re.compile(r"[A-Za-z0-9_.]+")
 _CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
 _ALPHA = re.compile(r"[a-z]+")
@@ -264,7 +262,7 @@ def _tokens(text):
     """Claim text split once into tokens, sentence punctuation trimmed from their ends."""
     out = []
     for t in _TOKEN.findall(text):
-        t = t.rstrip(".:!?*").lstrip("*:!?")
+        t = t.rstrip(".,:!?*").lstrip(",*:!?")
         if t:
             out.append(t)
     return out
@@ -652,12 +650,12 @@ def judge_db_op(claim, ev):
     if claimed and delta is not None:
         fits = {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}[claimed]
         codes.append("row_delta_matches" if fits else "row_delta_mismatch")
-    if writes and aff is not None:
+    if writes and aff is not None:  # consistency needs a second field: the row delta
         if aff == 0:
             codes.append("affected_rows_zero")
-        elif claimed in ("delete", "insert") and delta is not None:
+        elif delta is not None and claimed in ("delete", "insert"):
             codes.append("affected_rows_consistent" if aff == abs(delta) else "affected_rows_mismatch")
-        else:
+        elif delta == 0 and claimed == "update":
             codes.append("affected_rows_consistent")
     count = _claim_count(low, _DB_VERBS)
     known = {aff} if aff is not None else set()
@@ -709,9 +707,11 @@ def judge_file_op(claim, ev):
         c = t[2:] if t.startswith("./") else t
         if _pathish(c) or _suffix_of(c, path) or (new and _suffix_of(c, new)):
             claimed.append(c)
+    bad = [c for c in claimed if not (_suffix_of(c, path) or (new and _suffix_of(c, new)))]
+    if verb == "rename" and not new and len(bad) == 1 < len(claimed):
+        bad = []  # the one unmatched path is the destination, which the evidence does not give
     if claimed:
-        ok = all(_suffix_of(c, path) or (new and _suffix_of(c, new)) for c in claimed)
-        codes.append("path_matches" if ok else "path_mismatch")
+        codes.append("path_mismatch" if bad else "path_matches")
     if verb == "rename" and not new:
         codes.append("new_path_missing")
     elif verb:
@@ -819,8 +819,8 @@ def judge_api_call(claim, ev):
 
 
 def _json_values(text, key):
-    """Scalar values (lowercased JSON text) of every member named key in lowercased compact JSON text."""
-    out, needle, i = [], _encode_str(key) + ":", 0
+    """Scalar values (as JSON text) of every member named key in JSON text from json.dumps."""
+    out, needle, i = [], _encode_str(key) + ": ", 0
     while len(out) < 100:
         i = text.find(needle, i)
         if i < 0:
@@ -847,10 +847,10 @@ def _json_values(text, key):
 
 def judge_generic(claim, ev):
     """Conservative rules for any evidence: distinct entity matches, and explicit KEY is/was/=/: VALUE conflicts."""
-    text = json.dumps(ev, ensure_ascii=False, separators=(",", ":")).lower()
+    text = json.dumps(ev, ensure_ascii=False).lower()  # ": " keeps values apart from their keys
     have = set(_TOKEN.findall(text))
     raw = _TOKEN.findall(claim)
-    toks = [t.rstrip(".:!?*").lstrip("*:!?") for t in raw]
+    toks = [t.rstrip(".,:!?*").lstrip(",*:!?") for t in raw]
     ents = set()
     for t in toks:
         n = _number(t)
@@ -870,7 +870,7 @@ def judge_generic(claim, ev):
             key, val = toks[i], toks[i + 2]
         elif "=" in t.strip("="):
             key, _, val = t.partition("=")
-            val = val.rstrip(".:!?*")
+            val = val.rstrip(".,:!?*")
         if not key or not val or val.lower() in fillers or not key.replace("_", "a").replace("-", "a").isalnum():
             continue
         found = _json_values(text, key.lower()[:64])
@@ -1759,11 +1759,8 @@ class Server(object):
         try:
             s.shutdown(socket.SHUT_WR)
             end = time.monotonic() + 2.0
-            for _ in range(1024):
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                s.settimeout(left)
+            while time.monotonic() < end:
+                s.settimeout(0.2)  # a client that goes quiet is done
                 if not s.recv(65536):
                     break
         except OSError:
@@ -1800,11 +1797,11 @@ class Server(object):
         deadline = time.monotonic() + self.read_deadline
         while True:
             i, j = buf.find(b"\n\r\n"), buf.find(b"\n\n")
-            if i >= 0 or j >= 0:
-                end = i + 3 if j < 0 or 0 <= i < j else j + 2
-                break
-            if len(buf) > MAX_HEAD:
+            end = -1 if i < 0 and j < 0 else i + 3 if j < 0 or 0 <= i < j else j + 2
+            if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
                 raise HttpError(431, "headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD)
+            if end >= 0:
+                break
             data = self._recv(conn, deadline)
             if not data:
                 raise HttpError(400, "truncated_request", "the connection closed inside the request head")
@@ -1971,7 +1968,7 @@ def main(argv=None):
     except OSError as e:
         return _fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
     if not _is_loopback(a.host) and token is None:
-        sys.stderr.write("verify_action.py: WARNING: listening on non-loopback %s without --token-file: anyone who "
+        sys.stderr.write("verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who "
                          "can reach this port can obtain signed receipts\n" % a.host)
     host = "[%s]" % a.host if ":" in a.host else a.host
     sys.stderr.write("verify_action.py %s listening on http://%s:%d (kid %s)\n" % (VERSION, host, server.port, ring.kid))

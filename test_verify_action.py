@@ -1,0 +1,1289 @@
+"""Tests for verify_action.py: unittest, standard library only.
+
+    python3 -m unittest test_verify_action      the tests
+    python3 test_verify_action.py bench         the benchmark (never run by `make test`)
+"""
+import base64
+import decimal
+import hashlib
+import hmac
+import http.client
+import http.server
+import json
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import verify_action as va
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "verify_action.py")
+PY = sys.executable
+JSON = {"Content-Type": "application/json"}
+
+# ---------------------------------------------------------------------------------------------------
+# An independent RFC 8785 implementation (written apart from the module's) to recompute receipts
+# ---------------------------------------------------------------------------------------------------
+_ESC = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def ref_number(x):
+    f = float(x)
+    if f == 0:
+        return "0"
+    sign, digits, exp = decimal.Decimal(repr(abs(f))).normalize().as_tuple()
+    s = "".join(map(str, digits))
+    k, n = len(s), exp + len(s)
+    if k <= n <= 21:
+        body = s + "0" * (n - k)
+    elif 0 < n <= 21:
+        body = s[:n] + "." + s[n:]
+    elif -6 < n <= 0:
+        body = "0." + "0" * (-n) + s
+    else:
+        e = n - 1
+        body = s[0] + ("." + s[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+    return ("-" if f < 0 else "") + body
+
+
+def ref_jcs(v):
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return ref_number(v)
+    if isinstance(v, str):
+        return '"' + "".join(_ESC.get(c, "\\u%04x" % ord(c) if ord(c) < 0x20 else c) for c in v) + '"'
+    if isinstance(v, list):
+        return "[" + ",".join(ref_jcs(i) for i in v) + "]"
+    return "{" + ",".join(ref_jcs(k) + ":" + ref_jcs(v[k]) for k in sorted(v, key=utf16_units)) + "}"
+
+
+def utf16_units(key):
+    b = key.encode("utf-16-be")
+    return struct.unpack(">%dH" % (len(b) // 2), b)
+
+
+def ref_sha(obj):
+    return "sha256:" + hashlib.sha256(ref_jcs(obj).encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fixtures: diffs, a service, helpers
+# ---------------------------------------------------------------------------------------------------
+D_USER = ("diff --git a/src/user.py b/src/user.py\nindex 1111111..2222222 100644\n--- a/src/user.py\n+++ b/src/user.py\n"
+          "@@ -10,2 +10,4 @@\n def save(user):\n+    if user.email is None:\n+        raise ValueError(\"email required\")\n"
+          "     db.write(user)\n")
+D_PRINT = ("diff --git a/src/user.py b/src/user.py\n--- a/src/user.py\n+++ b/src/user.py\n@@ -1,2 +1,3 @@\n"
+           " def save(user):\n+    print(\"saving\")\n     db.write(user)\n")
+D_DATA = "--- a/data.py\n+++ b/data.py\n@@ -1,1 +1,2 @@\n x = 1\n+y = compute()\n"
+D_PLAIN = ("--- app/config.py\t2024-01-01 10:00:00.000000000 +0000\n+++ app/config.py\t2024-01-02 11:00:00.000000000 +0000\n"
+           "@@ -1,2 +1,3 @@\n TIMEOUT = 5\n+retry_count = 3\n DEBUG = False\n")
+D_NOPREFIX = ("diff --git lib/limits.py lib/limits.py\n--- lib/limits.py\n+++ lib/limits.py\n@@ -1 +1 @@\n"
+              "-MAX_SIZE = 10\n+MAX_SIZE = 20\n")
+D_DELETE = ("diff --git a/old_api.py b/old_api.py\ndeleted file mode 100644\nindex 3333333..0000000\n--- a/old_api.py\n"
+            "+++ /dev/null\n@@ -1,3 +0,0 @@\n-def legacy():\n-    return 1\n-\n")
+D_CREATE = "--- /dev/null\n+++ b/docs/guide.md\n@@ -0,0 +1,2 @@\n+# Guide\n+Use `make test`.\n"
+D_RENAME = "diff --git a/old.py b/new.py\nsimilarity index 100%\nrename from old.py\nrename to new.py\n"
+D_BINARY = "diff --git a/logo.png b/logo.png\nindex 1..2 100644\nBinary files a/logo.png and b/logo.png differ\n"
+D_TWO = (D_USER + "diff --git a/src/other.py b/src/other.py\n--- a/src/other.py\n+++ b/src/other.py\n@@ -1,1 +1,11 @@\n"
+         " import os\n" + "".join("+helper_%d = %d\n" % (i, i) for i in range(10)))
+D_DEEP = "--- a/lib/src/user.py\n+++ b/lib/src/user.py\n@@ -1 +1,2 @@\n x\n+parse_header = 1\n"
+D_CONTEXT = ("--- a/src/user.py\n+++ b/src/user.py\n@@ -1,2 +1,3 @@\n if user.email:\n+    audit()\n     pass\n")
+D_HUNK_DASHES = "--- a/notes.txt\n+++ b/notes.txt\n@@ -1,2 +1,1 @@\n---- old rule\n keep\n"
+
+SERVICE = va.Service(va.KeyRing.generate())
+
+
+def judge(claim, evidence, kind=None):
+    req = {"claim": claim, "evidence": evidence}
+    if kind:
+        req["kind"] = kind
+    r = SERVICE.verify(va.validate_request(req))
+    return r["aar_verdict"], r["reason_codes"]
+
+
+PATHOLOGICAL = ["a." * 4000, "a" * 8192, ("a" * 60 + "@") * 130, "a@" * 4000, "1" * 8192, "_a" * 4096,
+                "`" + "a." * 4000 + "`", "aA" * 4096, ("x" * 50 + ".") * 160, "#1 " * 2730, "/a" * 4096,
+                "id=1 " * 1638, "http://" + "a." * 4000, "status: " * 1000, "a=" * 4096]
+
+
+def pathological_evidence(claim):
+    return [{"diff": D_TWO + "+" + claim + "\n"}, {"diff": "+" * 200000},
+            {"before_count": 1, "after_count": 0, "operation": "DELETE FROM t WHERE id IN (" + "1," * 20000 + "1)"},
+            {"before_count": 1, "after_count": 0, "operation": "/*" * 30000 + "'" * 1000},
+            {"path": claim[:4096], "exists_before": True, "exists_after": False, "line_count": 1, "size_bytes": 1},
+            {"request": claim, "response_status": 200, "response_body": claim},
+            {"request": {"to": claim}, "response_status": 500, "response_body": "{" * 31},
+            {"x": claim, "y": [claim] * 20}]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Canonical JSON, decision rule, request validation, strict JSON
+# ---------------------------------------------------------------------------------------------------
+class CanonicalJson(unittest.TestCase):
+    VECTORS = {  # RFC 8785 appendix B: IEEE-754 bits -> canonical text
+        "0000000000000000": "0", "8000000000000000": "0", "0000000000000001": "5e-324",
+        "8000000000000001": "-5e-324", "7fefffffffffffff": "1.7976931348623157e+308",
+        "ffefffffffffffff": "-1.7976931348623157e+308", "4340000000000000": "9007199254740992",
+        "c340000000000000": "-9007199254740992", "4430000000000000": "295147905179352830000",
+        "44b52d02c7e14af5": "9.999999999999997e+22", "44b52d02c7e14af6": "1e+23",
+        "44b52d02c7e14af7": "1.0000000000000001e+23", "444b1ae4d6e2ef4e": "999999999999999700000",
+        "444b1ae4d6e2ef4f": "999999999999999900000", "444b1ae4d6e2ef50": "1e+21",
+        "3eb0c6f7a0b5ed8c": "9.999999999999997e-7", "3eb0c6f7a0b5ed8d": "0.000001",
+        "41b3de4355555553": "333333333.3333332", "41b3de4355555554": "333333333.33333325",
+        "41b3de4355555555": "333333333.3333333", "41b3de4355555556": "333333333.3333334",
+        "41b3de4355555557": "333333333.33333343", "becbf647612f3696": "-0.0000033333333333333333",
+        "43143ff3c1cb0959": "1424953923781206.2"}
+
+    def test_rfc8785_numbers(self):
+        for bits, want in self.VECTORS.items():
+            f = struct.unpack(">d", bytes.fromhex(bits))[0]
+            self.assertEqual(va.canonical_json(f).decode(), want, bits)
+            self.assertEqual(ref_number(f), want, bits)
+
+    def test_key_order_is_utf16_and_strings_minimal(self):
+        obj = {"\u20ac": "Euro", "\r": "CR", "\ufb33": "Hebrew", "1": "One", "\U0001f600": "Emoji", "\u0080": "Ctl",
+               "\u00f6": "o", "s": "a\"\\\b\f\n\r\t\x01\x1f\x7f\u2028/"}
+        got = va.canonical_json(obj).decode("utf-8")
+        self.assertEqual([k for k in json.loads(got)], ["\r", "1", "s", "\u0080", "\u00f6", "\u20ac",
+                                                        "\U0001f600", "\ufb33"])
+        self.assertIn('"a\\"\\\\\\b\\f\\n\\r\\t\\u0001\\u001f\x7f\u2028/"', got)
+        self.assertEqual(got, ref_jcs(obj))
+
+    def test_nested_and_literals(self):
+        obj = {"b": [1, 2.5, None, True, False, {"z": 1, "a": -0.0}], "a": 1e-7, "c": 10 ** 21, "d": 2 ** 60}
+        self.assertEqual(va.canonical_json(obj), b'{"a":1e-7,"b":[1,2.5,null,true,false,{"a":0,"z":1}],'
+                                                 b'"c":1e+21,"d":1152921504606847000}')
+        self.assertEqual(va.canonical_json(obj).decode(), ref_jcs(obj))
+        self.assertRaises(ValueError, va.canonical_json, float("nan"))
+
+
+class Decision(unittest.TestCase):
+    def test_fixed_rule_and_confidence(self):
+        d = va.decide
+        self.assertEqual(d(["path_in_diff", "action_matches_lines"]), ("verified", 0.6))
+        self.assertEqual(d(["entities_match"] * 4), ("verified", 0.8))
+        self.assertEqual(d(["entities_match"] * 9), ("verified", 0.95))
+        self.assertEqual(d(["path_in_diff"]), ("insufficient_evidence", 0.5))
+        self.assertEqual(d(["path_in_diff", "action_matches_lines", "unnamed_files_changed"]),
+                         ("insufficient_evidence", 0.5))
+        self.assertEqual(d(["path_in_diff", "path_not_in_diff"]), ("contradicted", 0.9))
+        self.assertEqual(d(["row_delta_mismatch", "affected_rows_zero"]), ("contradicted", 0.6))
+        self.assertEqual(d(["row_delta_mismatch"] * 9), ("contradicted", 0.9))
+        self.assertEqual(d(["row_delta_mismatch", "affected_rows_zero", "count_matches"]),
+                         ("insufficient_evidence", 0.5))
+        self.assertEqual(d(["path_not_in_diff", "evidence_invalid"]), ("unsafe_to_verify", 0.0))
+        self.assertEqual(d(["no_signal"]), ("insufficient_evidence", 0.5))
+
+    def test_vocabulary_is_closed_and_documented(self):
+        rules = va.rules_document()["reason_codes"]
+        self.assertEqual(set(rules), set(va.REASONS))
+        for code, (kind, signal, meaning) in va.REASONS.items():
+            self.assertRegex(code, r"^[a-z][a-z0-9_]*$")
+            self.assertIn(kind, va.KINDS + ("any",))
+            self.assertIn(signal, ("+", "-", "!", "unsafe", "0"))
+            self.assertTrue(meaning.endswith("."))
+
+
+class StrictJson(unittest.TestCase):
+    def refused(self, raw):
+        with self.assertRaises(va.RequestError) as cm:
+            va.strict_loads(raw)
+        self.assertEqual(cm.exception.code, "invalid_json")
+        return cm.exception.message
+
+    def test_refusals(self):
+        for raw in (b'{"a": NaN}', b'{"a": Infinity}', b'{"a": -Infinity}', b'{"a": 1e400}', b'{"a": -1e999}',
+                    b'{"a": 1, "a": 2}', b'{"a": "\\ud800"}', b'{"\\udc00": 1}', b'"\xed\xa0\x80"', b"\xff",
+                    b"\xef\xbb\xbf{}", b'{"a": 1', b"", b'{"a": 1}x', b"[" * 100000 + b"]" * 100000,
+                    ("1" * 400).encode()):
+            self.refused(raw)
+
+    def test_depth_counts_outermost_as_one(self):
+        ok = "[" * 32 + "]" * 32
+        self.assertEqual(va.strict_loads(ok.encode()), json.loads(ok))
+        self.refused(("[" * 33 + "]" * 33).encode())
+        self.refused(('{"a":' * 33 + "1" + "}" * 33).encode())
+        mixed = "[{\"a\":" * 16 + "1" + "}]" * 16  # 32 levels
+        self.assertIsNotNone(va.strict_loads(mixed.encode()))
+        self.refused(("[" + mixed + "]").encode())
+        self.assertEqual(va.strict_loads(('["' + "[" * 100 + '"]').encode()), ["[" * 100])
+
+    def test_accepts_valid_pairs_and_numbers(self):
+        self.assertEqual(va.strict_loads('{"a": "\\ud83d\\ude00", "b": 1.5e300, "c": -0}'.encode()),
+                         {"a": "\U0001f600", "b": 1.5e300, "c": 0})
+        self.assertEqual(va.strict_loads(("9" * 300).encode()), int("9" * 300))
+
+
+class Validation(unittest.TestCase):
+    def code(self, obj):
+        with self.assertRaises(va.RequestError) as cm:
+            va.validate_request(obj)
+        return cm.exception.code
+
+    def test_every_refusal(self):
+        ev = {"diff": ""}
+        cases = [([], "invalid_request"), ({"claim": "x", "evidence": ev, "extra": 1}, "unknown_field"),
+                 ({"evidence": ev}, "invalid_claim"), ({"claim": "", "evidence": ev}, "invalid_claim"),
+                 ({"claim": "  \n", "evidence": ev}, "invalid_claim"), ({"claim": 5, "evidence": ev}, "invalid_claim"),
+                 ({"claim": "x" * 8193, "evidence": ev}, "claim_too_long"), ({"claim": "x"}, "invalid_evidence"),
+                 ({"claim": "x", "evidence": "{\"a\":1}"}, "invalid_evidence"),
+                 ({"claim": "x", "evidence": ev, "kind": "sql"}, "unknown_kind"),
+                 ({"claim": "x", "evidence": ev, "kind": 3}, "unknown_kind"),
+                 ({"claim": "x", "evidence": ev, "context": 1}, "invalid_context"),
+                 ({"claim": "x", "evidence": ev, "context": "c" * 8193}, "context_too_long"),
+                 ({"claim": "x", "evidence": ev, "caller_context": []}, "invalid_caller_context"),
+                 ({"claim": "x", "evidence": ev, "caller_context": {str(i): 1 for i in range(9)}}, "invalid_caller_context"),
+                 ({"claim": "x", "evidence": ev, "caller_context": {"k" * 65: 1}}, "invalid_caller_context"),
+                 ({"claim": "x", "evidence": ev, "caller_context": {"k": "v" * 65}}, "invalid_caller_context"),
+                 ({"claim": "x", "evidence": ev, "caller_context": {"k": [1]}}, "invalid_caller_context"),
+                 ({"claim": "x", "evidence": ev, "caller_context": {"": 1}}, "invalid_caller_context")]
+        for obj, code in cases:
+            self.assertEqual(self.code(obj), code, obj if len(str(obj)) < 200 else code)
+
+    def test_limits_are_inclusive_and_count_code_points(self):
+        ok = {"claim": "\U0001f600" * 8192, "evidence": {}, "kind": "GENERIC", "context": "c" * 8192,
+              "caller_context": dict({"k%d" % i: None for i in range(5)}, a="v" * 64, b=1.5, c=True)}
+        self.assertIs(va.validate_request(ok), ok)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rules: labelled cases per kind; every reason code covered
+# ---------------------------------------------------------------------------------------------------
+V, C, I, U = "verified", "contradicted", "insufficient_evidence", "unsafe_to_verify"
+CODE_DIFF = [
+    ("Added null check for `user.email` in src/user.py", D_USER, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added null check for user.email in src/user.py", D_USER, V, ["identifier_in_changed_lines"]),
+    ("Fixed a.py", D_DATA, C, ["path_not_in_diff"]),
+    ("Added rate limiting to src/user.py", D_PRINT, I, ["content_words_absent"]),
+    ("Added logging of saving to src/user.py", D_PRINT, V, ["path_in_diff", "action_matches_lines"]),
+    ("Removed `legacy_mode` from src/user.py", D_USER, I, ["identifier_not_in_changed_lines", "action_mismatch_lines"]),
+    ("Added an audit call where `user.email` is checked in src/user.py", D_CONTEXT, I, ["identifier_not_in_changed_lines"]),
+    ("Deleted file old_api.py", D_DELETE, V, ["path_in_diff", "action_matches_lines", "file_deleted"]),
+    ("Deleted the file src/user.py", D_USER, I, ["file_not_deleted", "action_mismatch_lines"]),
+    ("Updated src/user.py", D_TWO, C, ["changes_mostly_elsewhere"]),
+    ("Added `helper_3` in src/other.py", D_TWO, I, ["unnamed_files_changed", "identifier_in_changed_lines"]),
+    ("Updated src/user.py and docs/missing.md", D_USER, I, ["path_partly_in_diff"]),
+    ("Added `retry_count` to app/config.py", D_PLAIN, V, ["path_in_diff", "identifier_in_changed_lines"]),
+    ("Changed `MAX_SIZE` in lib/limits.py", D_NOPREFIX, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Created docs/guide.md", D_CREATE, V, ["path_in_diff", "action_matches_lines"]),
+    ("Renamed old.py to new.py", D_RENAME, V, ["path_in_diff", "action_matches_lines"]),
+    ("Updated logo.png", D_BINARY, V, ["path_in_diff", "action_matches_lines"]),
+    ("Added `parse_header` to src/user.py", D_DEEP, V, ["path_in_diff"]),
+    ("Removed the old rule from notes.txt", D_HUNK_DASHES, V, ["path_in_diff", "action_matches_lines"]),
+    ("Added `user.email` validation", "", I, ["diff_no_changes"]),
+    ("Refactored everything", D_USER, I, ["action_matches_lines"]),
+]
+DB_OP = [
+    ("Deleted 10 stale sessions", {"before_count": 110, "after_count": 100, "affected_rows": 10,
+                                   "operation": "DELETE FROM sessions WHERE last_seen < '2024-01-01'"}, V,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "count_matches"]),
+    ("Deleted user id=12345", {"before_count": 5, "after_count": 4, "affected_rows": 1,
+                               "operation": "DELETE FROM users WHERE id = 12345"}, V, ["sql_identifier_matches"]),
+    ("Deleted user 12345", {"before_count": 5, "after_count": 4, "affected_rows": 1,
+                            "operation": "DELETE FROM users WHERE id = 999"}, C, ["sql_identifier_mismatch"]),
+    ("Updated the email of user #77", {"before_count": 9, "after_count": 9, "affected_rows": 0,
+                                       "operation": "UPDATE users SET email = 'a@b.c' WHERE id = 77"}, I, ["affected_rows_zero"]),
+    ("Inserted 3 rows into orders", {"affected_rows": 3, "operation": "SELECT * FROM orders"}, C, ["sql_kind_conflicts"]),
+    ("Deleted 5 rows", {"before_count": 10, "after_count": 13, "operation": "INSERT INTO t VALUES (1)"}, C,
+     ["sql_kind_mismatch", "row_delta_mismatch", "count_mismatch"]),
+    ("Deleted and inserted rows", {"affected_rows": 2, "operation": "DELETE FROM t"}, I, ["conflicting_verbs"]),
+    ("Inserted 2 users", {"before_count": 3, "after_count": 5, "affected_rows": 3, "operation": "INSERT INTO users VALUES (1), (2)"},
+     I, ["affected_rows_mismatch", "count_matches"]),
+    ("Removed 10 sessions", {"before_count": 10, "after_count": 0, "operation": "TRUNCATE sessions"}, V, ["sql_kind_matches", "count_matches"]),
+    ("Updated 4 rows", {"affected_rows": 4, "operation": "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET a = 1"},
+     I, ["count_matches"]),
+    ("Updated 4 rows", {"affected_rows": 4, "before_count": 9, "after_count": 9, "operation": "UPDATE t SET a = 1"},
+     V, ["affected_rows_consistent", "count_matches", "sql_kind_matches", "row_delta_matches"]),
+    ("Deleted order #2", {"affected_rows": 1, "operation": "WITH old AS (SELECT id FROM o) DELETE FROM orders WHERE id IN (1, 2, 3)"},
+     V, ["sql_kind_matches", "sql_identifier_matches"]),
+    ("Counted the active users", {"before_count": 5, "after_count": 5, "operation": "SELECT count(*) FROM users -- DELETE"},
+     V, ["sql_kind_matches", "row_delta_matches"]),
+    ("Deleted 3 rows", {"before_count": 10, "after_count": 12}, C, ["row_delta_mismatch", "count_mismatch"]),
+    ("Updated the rows", {"before_count": 5, "after_count": 6, "operation": "UPDATE t SET a = 1"}, I, ["row_delta_mismatch"]),
+    ("Upserted and updated user 5", {"affected_rows": 1, "operation": "INSERT INTO u VALUES (5) ON CONFLICT (id) DO UPDATE SET a = 1"},
+     I, ["no_signal"]),
+    ("Archived old rows", {"affected_rows": 2, "operation": "DELETE FROM t"}, I, ["no_signal"]),
+]
+FILE_OP = [
+    ("Created report.txt with 120 lines", {"path": "/tmp/report.txt", "exists_before": False, "exists_after": True,
+                                           "line_count": 120}, V, ["path_matches", "existence_matches", "line_count_matches"]),
+    ("Created report.txt", {"path": "/tmp/other.txt", "exists_before": False, "exists_after": True}, C, ["path_mismatch"]),
+    ("Deleted /tmp/cache.db", {"path": "/tmp/cache.db", "exists_before": True, "exists_after": True}, C, ["end_state_mismatch"]),
+    ("Created notes.md", {"path": "notes.md", "exists_before": True, "exists_after": True}, I, ["start_state_mismatch", "path_matches"]),
+    ("Renamed a.txt to b.txt", {"path": "/d/a.txt", "exists_before": True, "exists_after": True}, I, ["new_path_missing"]),
+    ("Renamed a.txt to b.txt", {"path": "/d/a.txt", "new_path": "/d/b.txt", "exists_before": True, "exists_after": True},
+     V, ["path_matches", "existence_matches"]),
+    ("Moved a.txt to c.txt", {"path": "/d/a.txt", "new_path": "/d/b.txt", "exists_before": True, "exists_after": True},
+     C, ["path_mismatch"]),
+    ("Wrote 118 lines to log.txt", {"path": "log.txt", "exists_before": False, "exists_after": True, "line_count": 120},
+     I, ["line_count_off"]),
+    ("Wrote 200 lines to log.txt", {"path": "log.txt", "exists_before": False, "exists_after": True, "line_count": 120},
+     C, ["line_count_mismatch"]),
+    ("Wrote 1,000 lines to big.csv", {"path": "data/big.csv", "exists_before": True, "exists_after": True, "line_count": 1000},
+     V, ["line_count_matches"]),
+    ("Saved 1.5 MB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 1500000},
+     V, ["size_matches"]),
+    ("Saved 1.5 MiB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 1500000},
+     I, ["size_off"]),
+    ("Saved 12KB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 100000},
+     C, ["size_mismatch"]),
+    ("Saved 100KiB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 102400},
+     V, ["size_matches"]),
+    ("Created and deleted temp.txt", {"path": "temp.txt", "exists_before": False, "exists_after": False}, I, ["conflicting_verbs"]),
+    ("Removed the cache", {"path": "/var/cache/x", "exists_before": True, "exists_after": False}, I, ["existence_matches"]),
+    ("Created Makefile", {"path": "/repo/Makefile", "exists_before": False, "exists_after": True}, V, ["path_matches"]),
+]
+API_CALL = [
+    ("Sent the welcome email to bob@example.com", {"request": {"to": "bob@example.com"}, "response_status": 200,
+                                                   "response_body": {"sent": True, "bounced": False}}, V,
+     ["status_matches_claim", "target_matches"]),
+    ("Sent the welcome email to bob@example.com", {"request": {"to": "eve@example.com"}, "response_status": 200,
+                                                   "response_body": {"ok": True}}, C, ["target_mismatch", "body_matches_claim"]),
+    ("Posted the message", {"request": "POST /messages", "response_status": 500, "response_body": ""}, C, ["status_failure"]),
+    ("The payment failed", {"request": {}, "response_status": 200, "response_body": {"status": "succeeded"}}, C,
+     ["status_contradicts_failure_claim", "body_contradicts_failure_claim"]),
+    ("Payment failed", {"request": {}, "response_status": 402, "response_body": {"error": "card declined"}}, V,
+     ["status_matches_claim", "body_matches_claim"]),
+    ("Created order 42", {"request": {"order_id": 42}, "response_status": 201, "response_body": {"ok": False}}, C, ["body_failure"]),
+    ("Sent invoice 42 to bob@x.com", {"request": {"to": "bob@x.com", "invoice_id": 42}, "response_status": 200}, V,
+     ["target_matches", "status_matches_claim"]),
+    ("Delivered the webhook to https://hooks.example.com/a/b", {"request": {"url": "https://hooks.example.com/a/c"},
+                                                              "response_status": 204}, C, ["target_mismatch"]),
+    ("Delivered the webhook to https://hooks.example.com/a/b/", {"request": "POST https://hooks.example.com/a/b",
+                                                               "response_status": 204}, V, ["target_matches"]),
+    ("Sent an email to bob@x.com", {"request": {"body": "hi"}, "response_status": 200}, I, ["target_not_in_request"]),
+    ("Message accepted", {"request": {}, "response_status": 202, "response_body": "Message accepted for delivery"}, V,
+     ["body_matches_claim"]),
+    ("Message sent", {"request": {}, "response_status": 200, "response_body": "{\"status\": \"queued\"}"}, I,
+     ["status_matches_claim"]),
+    ("The email was not sent", {"request": {}, "response_status": 200}, I, ["status_contradicts_failure_claim"]),
+    ("Notification delivered", {"request": {}, "response_status": 200, "response_body": "{\"errors\": [\"quota\"]}"}, C,
+     ["body_failure"]),
+    ("Charged customer 77", {"request": {"url": "https://api.example.com/customers/78/charges"}, "response_status": 200},
+     C, ["target_mismatch"]),
+    ("Pinged the health endpoint", {"request": {}, "response_status": 200}, I, ["no_signal"]),
+]
+GENERIC = [
+    ("Deployed version 2", {"deploy": "ok", "env": "prod"}, I, ["no_signal"]),
+    ("Deployed version 2", {"version": "2", "env": "prod"}, I, []),
+    ("status is failed", {"status": "ok"}, C, ["explicit_value_conflict"]),
+    ("status: ok", {"job": {"status": "OK"}}, I, ["explicit_value_match"]),
+    ("Copied 1,500 records from orders_2024 to https://backup.example.com/x",
+     {"count": 1500, "table": "orders_2024", "target": "https://backup.example.com/x"}, V, ["entities_match"]),
+    ("Copied 1,500 records from orders_2024", {"count": 1500, "table": "orders_2024"}, I, []),
+    ("retries = 3", {"retries": 5}, C, ["explicit_value_conflict"]),
+    ("retries=5 and the backup is done", {"retries": 5.0, "backup": {"done": True}}, I, ["explicit_value_match"]),
+    ("The job is not done", {"job": "done"}, I, []),
+    ("owner was alice", {"owner": 7}, I, []),
+    ("count is 1,000", {"count": 1000}, I, ["explicit_value_match"]),
+    ("Mailed alice@example.com, bob@example.com and carol@example.com",
+     {"log": "to alice@example.com; to bob@example.com; to carol@example.com."}, V, ["entities_match"]),
+    ("true null false 2", {"a": [True, None, False]}, I, []),
+]
+
+
+class Rules(unittest.TestCase):
+    def run_table(self, kind, table):
+        for claim, evidence, verdict, codes in table:
+            ev = {"diff": evidence} if kind == "code_diff" else evidence
+            for requested in (kind, None):
+                got, reasons = judge(claim, ev, requested)
+                self.assertEqual(got, verdict, (claim, reasons))
+                for code in codes:
+                    self.assertIn(code, reasons, (claim, reasons))
+
+    def test_code_diff(self):
+        self.run_table("code_diff", CODE_DIFF)
+
+    def test_db_op(self):
+        self.run_table("db_op", DB_OP)
+
+    def test_file_op(self):
+        self.run_table("file_op", FILE_OP)
+
+    def test_api_call(self):
+        self.run_table("api_call", API_CALL)
+
+    def test_generic(self):
+        self.run_table("generic", GENERIC)
+
+    def test_tables_cover_every_reason_code(self):
+        seen = set()
+        for table in (CODE_DIFF, DB_OP, FILE_OP, API_CALL, GENERIC):
+            self.assertGreaterEqual(len(table), 10)
+            for _, _, _, codes in table:
+                seen.update(codes)
+        unsafe = {"evidence_invalid", "evidence_too_large", "verifier_error", "evidence_missing_fields"}
+        self.assertEqual(set(va.REASONS) - seen, unsafe)  # these four are covered by Unsafe below
+
+    def test_dispatch_order(self):
+        d = va.dispatch_kind
+        self.assertEqual(d({"diff": "", "affected_rows": 1}), "code_diff")
+        self.assertEqual(d({"before_count": 1, "path": "x", "exists_after": True}), "db_op")
+        self.assertEqual(d({"operation": "DELETE FROM t"}), "generic")
+        self.assertEqual(d({"operation": "DELETE FROM t", "affected_rows": 1}), "db_op")
+        self.assertEqual(d({"size_bytes": 1, "request": {}}), "file_op")
+        self.assertEqual(d({"response_body": {}}), "api_call")
+        self.assertEqual(d({"anything": 1}), "generic")
+        self.assertEqual(d({"diff": ""}, "DB_OP"), "db_op")
+        self.assertEqual(judge("Deleted 1 row", {"affected_rows": 1}, "Db_Op")[0], I)
+
+    def test_diff_parser(self):
+        files, changed = va.parse_diff(D_TWO + D_DELETE + D_RENAME + D_BINARY + D_CREATE)
+        got = [(f["old"], f["new"], f["status"], f["added"], f["removed"], f["binary"]) for f in files]
+        self.assertEqual(got, [("src/user.py", "src/user.py", "modified", 2, 0, False),
+                               ("src/other.py", "src/other.py", "modified", 10, 0, False),
+                               ("old_api.py", "old_api.py", "deleted", 0, 3, False),
+                               ("old.py", "new.py", "renamed", 0, 0, False),
+                               ("logo.png", "logo.png", "modified", 0, 0, True),
+                               ("docs/guide.md", "docs/guide.md", "added", 2, 0, False)])
+        self.assertIn("    if user.email is None:", changed)
+        self.assertNotIn(" def save(user):", changed)  # context is not a change
+        files, _ = va.parse_diff(D_PLAIN + D_HUNK_DASHES)
+        self.assertEqual([(f["new"], f["added"], f["removed"]) for f in files], [("app/config.py", 1, 0), ("notes.txt", 0, 1)])
+
+    def test_sql_facts(self):
+        self.assertEqual(va.sql_facts("DELETE FROM s WHERE d < '2024-01-01' AND note = 'id = 5'"), ("delete", set()))
+        self.assertEqual(va.sql_facts("update t set a=1 where t.user_id=42 or 43 = id"), ("update", {"42", "43"}))
+        self.assertEqual(va.sql_facts("/* x */ INSERT INTO t (id) VALUES (7)"), ("insert", set()))
+        self.assertEqual(va.sql_facts("REPLACE INTO t VALUES (1)")[0], "merge")
+        self.assertEqual(va.sql_facts("CREATE TABLE t (id int)")[0], None)
+        self.assertEqual(va.sql_facts("SELECT 1; DELETE FROM t WHERE id = 1"), ("read", set()))
+
+
+class PeerFailures(unittest.TestCase):
+    """Each of the peer's measured failures (spec section 8) as a regression test."""
+
+    def test_1_pathological_claims_are_fast(self):
+        worst = 0.0
+        for claim in PATHOLOGICAL:
+            for ev in pathological_evidence(claim):
+                t = time.process_time()
+                verdict, _ = judge(claim[:8192], ev)
+                worst = max(worst, time.process_time() - t)
+                self.assertIn(verdict, (V, C, I, U))
+        self.assertLess(worst, 1.0)  # the bench reports the real worst case (target < 100 ms)
+
+    def test_6_reason_codes_and_receipts_carry_no_input(self):
+        marker = "zq" + "x" * 10 + "marker"
+        for claim, ev, _, _ in CODE_DIFF[:3] + [(c, e, v, r) for c, e, v, r in DB_OP[:3]]:
+            ev = {"diff": ev} if isinstance(ev, str) else ev
+            r = SERVICE.verify(va.validate_request({"claim": claim + " " + marker, "evidence": dict(ev, note=marker)}))
+            self.assertNotIn(marker, json.dumps(r["receipt"]) + json.dumps(r["reason_codes"]) + r["reasoning"])
+            self.assertTrue(set(r["reason_codes"]) <= set(va.REASONS))
+
+    def test_8_false_verified_now_right(self):
+        self.assertEqual(judge("Fixed a.py", {"diff": D_DATA}), (C, ["path_not_in_diff", "action_matches_lines"]))
+        self.assertNotEqual(judge("Added rate limiting to src/user.py", {"diff": D_PRINT})[0], V)
+        self.assertEqual(judge("Created report.txt", {"path": "/tmp/other.txt", "exists_before": False,
+                                                      "exists_after": True})[0], C)
+        self.assertNotEqual(judge("Updated user 5", {"affected_rows": 0, "before_count": 3, "after_count": 3,
+                                                     "operation": "UPDATE users SET a = 1 WHERE id = 5"})[0], V)
+
+    def test_9_false_contradicted_now_right(self):
+        self.assertEqual(judge("Added `retry_count` to app/config.py", {"diff": D_PLAIN})[0], V)
+        self.assertEqual(judge("Deleted 10 stale sessions", DB_OP[0][1])[0], V)
+        self.assertEqual(judge("Sent the welcome email to bob@example.com", API_CALL[0][1])[0], V)
+        self.assertNotEqual(judge("Deployed version 2", {"result": "ok", "env": "prod"})[0], C)
+
+    def test_5_receipts_hash_the_original_request(self):
+        long_claim = "Deleted 10 stale sessions " + "x" * 8000
+        req = {"claim": long_claim, "evidence": {"a": 1, "s": "\u00e9\U0001f600"}, "kind": "generic", "context": "c",
+               "caller_context": {"run": "r1", "n": 2.5}}
+        rec = SERVICE.verify(va.validate_request(json.loads(json.dumps(req))))["receipt"]
+        self.assertEqual(rec["claim_hash"], "sha256:" + hashlib.sha256(long_claim.encode()).hexdigest())
+        self.assertEqual(rec["evidence_manifest_hash"], ref_sha(req["evidence"]))
+        self.assertEqual(rec["request_hash"], ref_sha(req))
+        as_string = SERVICE.verify({"claim": "x", "evidence": {"v": '{"a":1}'}})["receipt"]
+        as_object = SERVICE.verify({"claim": "x", "evidence": {"v": {"a": 1}}})["receipt"]
+        self.assertNotEqual(as_string["evidence_manifest_hash"], as_object["evidence_manifest_hash"])
+        hashes = {SERVICE.verify(dict({"claim": "x", "evidence": {}}, **extra))["receipt"]["request_hash"]
+                  for extra in ({}, {"kind": "generic"}, {"context": "a"}, {"context": "b"}, {"caller_context": {"k": 1}})}
+        self.assertEqual(len(hashes), 5)
+
+
+class Unsafe(unittest.TestCase):
+    def test_wrong_types_and_bounds(self):
+        cases = [({"diff": 5}, "code_diff", "evidence_invalid"), ({"diff": "+" * (4 << 20 | 1)}, "code_diff", "evidence_too_large"),
+                 ({"affected_rows": -1}, "db_op", "evidence_invalid"), ({"affected_rows": True}, "db_op", "evidence_invalid"),
+                 ({"before_count": 1.5, "after_count": 1}, "db_op", "evidence_invalid"),
+                 ({"operation": ["DELETE"]}, "db_op", "evidence_invalid"), ({"operation": "x" * 65537}, "db_op", "evidence_too_large"),
+                 ({"path": 1, "exists_before": True, "exists_after": True}, "file_op", "evidence_invalid"),
+                 ({"path": "x", "exists_before": "yes", "exists_after": True}, "file_op", "evidence_invalid"),
+                 ({"path": "x" * 4097, "exists_before": True, "exists_after": True}, "file_op", "evidence_too_large"),
+                 ({"path": "x", "exists_before": True, "exists_after": True, "line_count": "3"}, "file_op", "evidence_invalid"),
+                 ({"response_status": 99}, "api_call", "evidence_invalid"), ({"response_status": "200"}, "api_call", "evidence_invalid"),
+                 ({"response_status": 200, "request": 5}, "api_call", "evidence_invalid")]
+        for ev, kind, code in cases:
+            r = SERVICE.verify({"claim": "Did it", "evidence": ev, "kind": kind})
+            self.assertEqual((r["aar_verdict"], r["verdict"], r["confidence"], r["reason_codes"]), (U, "rejected", 0.0, [code]))
+            self.assertEqual(va.verify_receipt(r["receipt"], SERVICE.keyring), (True, "ok", SERVICE.keyring.kid))
+
+    def test_missing_fields_ask_for_more(self):
+        for ev, kind in (({}, "code_diff"), ({"before_count": 1}, "db_op"), ({"path": "x"}, "file_op"), ({}, "api_call")):
+            self.assertEqual(judge("Did it", ev, kind), (I, ["evidence_missing_fields"]))
+
+    def test_7_a_failing_rule_still_gets_a_signed_unsafe_answer(self):
+        original = va._JUDGES["generic"]
+        va._JUDGES["generic"] = lambda claim, ev: 1 / 0
+        try:
+            r = SERVICE.verify({"claim": "x", "evidence": {}})
+        finally:
+            va._JUDGES["generic"] = original
+        self.assertEqual((r["aar_verdict"], r["reason_codes"]), (U, ["verifier_error"]))
+        self.assertTrue(va.verify_receipt(r["receipt"], SERVICE.keyring)[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Receipts and key rings
+# ---------------------------------------------------------------------------------------------------
+class Receipts(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.keyfile = os.path.join(self.dir, "keys")
+
+    def tearDown(self):
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
+
+    def keys_from_file(self):
+        out = {}
+        with open(self.keyfile) as f:
+            lines = f.read().splitlines()
+        for line in lines:
+            if line.strip() and not line.startswith("#"):
+                kid, key = line.split()
+                out[kid] = base64.urlsafe_b64decode(key + "=" * (-len(key) % 4))
+        return out
+
+    def test_hmac_recomputed_independently(self):
+        kid = va.keygen(self.keyfile)
+        svc = va.Service(va.load_keyring(self.keyfile), issuer="ci-gate")
+        r = svc.verify({"claim": "Added null check for `user.email` in src/user.py", "evidence": {"diff": D_USER},
+                        "caller_context": {"job": "42"}})
+        rec = r["receipt"]
+        self.assertEqual(list(rec), list(va.RECEIPT_FIELDS))
+        self.assertEqual((rec["schema"], rec["kid"], rec["issued_by"], rec["verdict"], rec["verifier_method"],
+                          rec["verifier_id"], rec["policy_or_oracle_refs"], rec["caller_context"]),
+                         ("verify_action_receipt.v0", kid, "ci-gate", "verified", "rule_based.code_diff",
+                          "verify_action.py@" + va.VERSION, [], {"job": "42"}))
+        self.assertRegex(rec["issued_at"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        unsigned = {k: v for k, v in rec.items() if k != "signature"}
+        mac = hmac.new(self.keys_from_file()[kid], ref_jcs(unsigned).encode("utf-8"), hashlib.sha256).digest()
+        self.assertEqual(rec["signature"], "hmac-sha256:" + base64.urlsafe_b64encode(mac).rstrip(b"=").decode())
+        self.assertEqual(svc.verify({"claim": "x", "evidence": {}})["receipt"]["caller_context"], {})
+
+    def test_any_altered_field_fails(self):
+        va.keygen(self.keyfile)
+        ring = va.load_keyring(self.keyfile)
+        rec = va.Service(ring).verify({"claim": "status is ok", "evidence": {"status": "ok"}})["receipt"]
+        self.assertEqual(va.verify_receipt(rec, ring), (True, "ok", ring.kid))
+        changes = {"schema": ("verify_action_receipt.v1", "unsupported_schema"), "kid": ("other", "unknown_kid"),
+                   "signature": ("hmac-sha256:AAAA", "bad_signature"), "confidence": (0.51, "bad_signature"),
+                   "caller_context": ({"a": 1}, "bad_signature"), "reason_codes": ([], "bad_signature"),
+                   "policy_or_oracle_refs": (["x"], "bad_signature")}
+        for field in va.RECEIPT_FIELDS:
+            altered = dict(rec)
+            value, reason = changes.get(field, (str(rec[field]) + "x", "bad_signature"))
+            altered[field] = value
+            self.assertEqual(va.verify_receipt(altered, ring)[:2], (False, reason), field)
+        for bad in ([], "x", dict(rec, extra=1), {k: v for k, v in rec.items() if k != "kid"}, dict(rec, kid=5),
+                    dict(rec, signature="sha1:x")):
+            self.assertEqual(va.verify_receipt(bad, ring)[:2], (False, "malformed"))
+
+    def test_rotation_and_unknown_kid(self):
+        k1 = va.keygen(self.keyfile)
+        old = va.Service(va.load_keyring(self.keyfile)).verify({"claim": "x", "evidence": {}})["receipt"]
+        time.sleep(0.01)
+        k2 = va.keygen(self.keyfile)
+        self.assertNotEqual(k1, k2)
+        ring = va.load_keyring(self.keyfile)
+        self.assertEqual((ring.kid, list(ring.keys)), (k2, [k1, k2]))
+        new = va.Service(ring).verify({"claim": "x", "evidence": {}})["receipt"]
+        self.assertEqual((new["kid"], va.verify_receipt(old, ring)), (k2, (True, "ok", k1)))
+        self.assertEqual(va.verify_receipt(old, va.KeyRing.generate()), (False, "unknown_kid", k1))
+
+    def test_keygen_is_0600_atomically_and_refuses_open_files(self):
+        mask = os.umask(0)
+        try:
+            va.keygen(self.keyfile)
+        finally:
+            os.umask(mask)
+        self.assertEqual(stat.S_IMODE(os.stat(self.keyfile).st_mode), 0o600)
+        va.keygen(self.keyfile)
+        self.assertEqual(len(va.load_keyring(self.keyfile).keys), 2)
+        os.chmod(self.keyfile, 0o640)
+        self.assertRaisesRegex(ValueError, "group or others", va.load_keyring, self.keyfile)
+        self.assertRaisesRegex(ValueError, "group or others", va.keygen, self.keyfile)
+        os.chmod(self.keyfile, 0o604)
+        self.assertRaises(ValueError, va.load_keyring, self.keyfile)
+        # keygen opens with O_CREAT|O_EXCL and mode 0600: the file never exists with a wider mode
+        calls = []
+        real_open = os.open
+
+        def spy(path, flags, mode=0o777, *a, **k):
+            calls.append((flags, mode))
+            return real_open(path, flags, mode, *a, **k)
+        os.open = spy
+        try:
+            va.keygen(os.path.join(self.dir, "fresh"))
+        finally:
+            os.open = real_open
+        self.assertTrue(calls[0][0] & os.O_CREAT and calls[0][0] & os.O_EXCL and calls[0][1] == 0o600)
+
+    def test_keyring_parse_refusals(self):
+        good = b64 = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+        self.assertEqual(list(va.KeyRing.parse("# c\n\nk1 %s  # note\nk2 %s\n" % (good, b64)).keys), ["k1", "k2"])
+        for text in ("", "# only\n", "k1\n", "k1 %s extra\n" % good, "k1 %s\nk1 %s\n" % (good, good),
+                     "k1 %s\n" % base64.urlsafe_b64encode(os.urandom(31)).decode(), "k1 !!!!\n", "k/1 %s\n" % good):
+            self.assertRaises(ValueError, va.KeyRing.parse, text)
+
+    def test_cli_keygen_and_verify_receipt(self):
+        run = lambda *a: subprocess.run([PY, SCRIPT] + list(a), capture_output=True, timeout=20)
+        r = run("keygen", "--key-file", self.keyfile)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.decode().strip(), list(va.load_keyring(self.keyfile).keys)[0])
+        resp = va.Service(va.load_keyring(self.keyfile)).verify({"claim": "x", "evidence": {}})
+        for name, doc, code in (("resp.json", resp, 0), ("rec.json", resp["receipt"], 0),
+                                ("bad.json", dict(resp["receipt"], verdict="verified"), 1)):
+            path = os.path.join(self.dir, name)
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            r = run("verify-receipt", path, "--key-file", self.keyfile)
+            self.assertEqual(r.returncode, code, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["valid"], code == 0)
+        os.chmod(self.keyfile, 0o644)
+        r = run("verify-receipt", path, "--key-file", self.keyfile)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(b"group or others", r.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------
+# HTTP against a real server
+# ---------------------------------------------------------------------------------------------------
+def raw_exchange(port, data, method="POST", timeout=5, shutdown=False):
+    """Send raw bytes; return (status, headers dict, body) of the response, using http.client's parser."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        if shutdown:
+            s.shutdown(socket.SHUT_WR)
+        r = http.client.HTTPResponse(s, method=method)
+        r.begin()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        s.close()
+
+
+def read_response(f, method="GET"):
+    """(status, headers, body) of one response read from a binary file object."""
+    status = int(f.readline().split(b" ")[1])
+    headers = {}
+    for line in iter(f.readline, b"\r\n"):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.lower()] = value.strip()
+    n = 0 if method == "HEAD" or status == 204 else int(headers.get("content-length", 0))
+    return status, headers, f.read(n)
+
+
+def post_bytes(body, path="/verify", extra=b"", ctype=b"application/json"):
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+class HttpCase(unittest.TestCase):
+    """An in-process server with short deadlines, so the timing paths run fast."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.service = va.Service(va.KeyRing.generate())
+        cls.server = va.Server(cls.service, "127.0.0.1", 0, workers=4, origins=["https://ok.example"],
+                               read_deadline=0.6, idle_timeout=3.0, queue_wait=0.4)
+        cls.port = cls.server.port
+        cls.thread = threading.Thread(target=cls.server.serve_forever, daemon=True)
+        cls.thread.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.shutdown()
+        cls.thread.join(5)
+
+    def request(self, method, path, body=None, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            c.request(method, path, body, headers or {})
+            r = c.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            c.close()
+
+    def assertJsonError(self, status, headers, body, want_status, code=None):
+        self.assertEqual(status, want_status, body)
+        self.assertTrue(headers["content-type"].startswith("application/json"))
+        obj = json.loads(body)
+        self.assertEqual(sorted(obj), ["error", "message"])
+        if code:
+            self.assertEqual(obj["error"], code)
+
+
+class Http(HttpCase):
+    def test_verify_200_and_receipt_check_over_http(self):
+        body = json.dumps({"claim": "Added null check for `user.email` in src/user.py", "evidence": {"diff": D_USER}})
+        status, headers, raw = self.request("POST", "/verify", body, JSON)
+        self.assertEqual(status, 200)
+        r = json.loads(raw)
+        self.assertEqual(sorted(r), sorted(["aar_verdict", "verdict", "confidence", "reason_codes", "reasoning",
+                                            "kind_dispatched", "verifier_used", "details", "receipt"]))
+        self.assertEqual((r["aar_verdict"], r["verdict"], r["verifier_used"]), (V, "ok", "code_diff_v1"))
+        status, _, raw = self.request("POST", "/receipts/verify", json.dumps({"receipt": r["receipt"]}), JSON)
+        self.assertEqual((status, json.loads(raw)), (200, {"valid": True, "reason": "ok", "kid": self.service.keyring.kid}))
+        bad = dict(r["receipt"], verdict="contradicted")
+        status, _, raw = self.request("POST", "/receipts/verify", json.dumps({"receipt": bad}), JSON)
+        self.assertEqual(json.loads(raw)["reason"], "bad_signature")
+        for body in ("[]", '{"receipt": 1}', '{"receipt": {}, "x": 1}', '{"a": 1}'):
+            self.assertJsonError(*self.request("POST", "/receipts/verify", body, JSON), want_status=400)
+
+    def test_get_endpoints(self):
+        status, headers, body = self.request("GET", "/healthcheck")
+        self.assertEqual((status, json.loads(body)), (200, {"status": "ok", "version": va.VERSION}))
+        spec = json.loads(self.request("GET", "/spec")[2])
+        self.assertEqual((spec["version"], spec["tool"]["name"], spec["receipt"]["schema"]),
+                         (va.VERSION, "verify_action", va.SCHEMA))
+        self.assertIn("RFC 8785", spec["receipt"]["canonicalization"])
+        self.assertIn("never", spec["receipt"]["fields"]["reason_codes"])
+        self.assertIn("true", spec["does_not_prove"])
+        rules = json.loads(self.request("GET", "/rules")[2])
+        self.assertEqual(set(rules["reason_codes"]), set(va.REASONS))
+        self.assertEqual(len(rules["dispatch_order"]), 6)
+        status, headers, page = self.request("GET", "/")
+        self.assertEqual((status, headers["content-type"]), (200, "text/html; charset=utf-8"))
+        self.assertIn("default-src 'none'", headers["content-security-policy"])
+        for text in (b"does not prove", b"<form", b"path_not_in_diff", b"fetch(\"/verify\""):
+            self.assertIn(text, page)
+        self.request("POST", "/verify", json.dumps({"claim": "x", "evidence": {}}), JSON)
+        stats = json.loads(self.request("GET", "/stats")[2])
+        self.assertGreaterEqual(stats["by_kind"]["generic"], 1)
+        self.assertNotIn("claim", json.dumps(stats))
+
+    def test_head_options_405_404(self):
+        status, headers, body = self.request("HEAD", "/healthcheck")
+        self.assertEqual((status, body, headers["content-length"]), (200, b"", "33"))
+        status, headers, body = raw_exchange(self.port, b"HEAD /spec HTTP/1.1\r\nHost: x\r\n\r\n", method="HEAD")
+        self.assertEqual((status, body), (200, b""))
+        self.assertGreater(int(headers["content-length"]), 100)
+        status, headers, body = self.request("OPTIONS", "/verify")
+        self.assertEqual((status, headers["allow"], body), (204, "POST, OPTIONS", b""))
+        self.assertEqual(self.request("OPTIONS", "/rules")[1]["allow"], "GET, HEAD, OPTIONS")
+        status, headers, body = self.request("GET", "/verify")
+        self.assertJsonError(status, headers, body, 405, "method_not_allowed")
+        self.assertEqual(headers["allow"], "POST, OPTIONS")
+        for method, path in (("POST", "/healthcheck"), ("PUT", "/verify"), ("DELETE", "/mcp"), ("GET", "/mcp")):
+            status, headers, body = self.request(method, path, "{}" if method != "GET" else None, JSON)
+            self.assertJsonError(status, headers, body, 405)
+            self.assertIn("allow", headers)
+        for path in ("/nope", "/verify/", "/VERIFY", "/%76erify"):
+            self.assertJsonError(*self.request("GET", path), want_status=404, code="not_found")
+        self.assertJsonError(*self.request("POST", "/nope", "{}", JSON), want_status=404)
+
+    def test_status_codes_of_post(self):
+        good = json.dumps({"claim": "x", "evidence": {}})
+        self.assertJsonError(*self.request("POST", "/verify", good, {"Content-Type": "text/plain"}), want_status=415)
+        self.assertJsonError(*raw_exchange(self.port, b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"),
+                             want_status=415)
+        self.assertEqual(self.request("POST", "/verify", good, {"Content-Type": "application/json; charset=utf-8"})[0], 200)
+        self.assertJsonError(*raw_exchange(self.port, b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n"),
+                             want_status=411, code="length_required")
+        self.assertJsonError(*raw_exchange(self.port, post_bytes(b"{}").replace(b"Content-Length: 2", b"Content-Length: x2")),
+                             want_status=400, code="bad_content_length")
+        self.assertJsonError(*raw_exchange(self.port, post_bytes(b"{}").replace(b"Content-Length: 2", b"Content-Length: 2\r\nContent-Length: 2")),
+                             want_status=400)
+        for body, code in ((b"{", "invalid_json"), (b'{"claim": "x", "evidence": {}, "claim": "y"}', "invalid_json"),
+                           (b'{"claim": "\\ud800", "evidence": {}}', "invalid_json"),
+                           (b'{"claim": "\xed\xa0\x80", "evidence": {}}', "invalid_json"),
+                           (b'{"claim": "x", "evidence": {"n": NaN}}', "invalid_json"),
+                           (b'{"claim": "x", "evidence": {"n": 1e400}}', "invalid_json"),
+                           (b'{"claim": "", "evidence": {}}', "invalid_claim"), (b'{"claim": 7, "evidence": {}}', "invalid_claim"),
+                           (b'{"claim": "x", "evidence": {}, "kind": "nope"}', "unknown_kind")):
+            self.assertJsonError(*raw_exchange(self.port, post_bytes(body)), want_status=400, code=code)
+
+    def test_3_4_lone_surrogate_and_nan_get_json_400_not_a_dropped_connection(self):
+        for body in (b'{"claim": "\\ud800", "evidence": {}}', b'{"claim": "x", "evidence": {"v": NaN}}',
+                     b'{"claim": "x", "evidence": {"v": -Infinity}}'):
+            status, headers, raw = raw_exchange(self.port, post_bytes(body))
+            self.assertJsonError(status, headers, raw, 400, "invalid_json")
+            va.strict_loads(raw)  # the answer itself is strict JSON: no bare NaN token
+
+    def test_deep_nesting(self):
+        def nested(levels):  # levels counts the request object as 1
+            inner = "[" * (levels - 2) + "]" * (levels - 2)
+            return ('{"claim": "x", "evidence": {"a": %s}}' % inner if levels > 2 else '{"claim": "x", "evidence": {}}').encode()
+        self.assertEqual(raw_exchange(self.port, post_bytes(nested(32)))[0], 200)
+        self.assertJsonError(*raw_exchange(self.port, post_bytes(nested(33))), want_status=400, code="invalid_json")
+        self.assertJsonError(*raw_exchange(self.port, post_bytes(b'{"claim":"x","evidence":{"a":' + b"[" * 50000 + b"]" * 50000 + b"}}")),
+                             want_status=400, code="invalid_json")
+
+    def test_body_limit(self):
+        head = b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        self.assertJsonError(*raw_exchange(self.port, head % (va.MAX_BODY + 1)), want_status=413, code="body_too_large")
+        # the whole 1 MiB + 1 body sent at once still gets its 413 (the server discards, it does not reset)
+        self.assertJsonError(*raw_exchange(self.port, head % (va.MAX_BODY + 1) + b"x" * (va.MAX_BODY + 1)), want_status=413)
+        prefix = b'{"claim": "x", "evidence": {"pad": "'
+        exact = prefix + b"a" * (va.MAX_BODY - len(prefix) - 3) + b'"}}'
+        self.assertEqual(len(exact), va.MAX_BODY)
+        self.assertEqual(raw_exchange(self.port, post_bytes(exact))[0], 200)
+
+    def test_10_chunked_truncated_and_slow_bodies(self):
+        chunked = (b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   b"1d\r\n{\"claim\": \"x\", \"evidence\": {}}\r\n0\r\n\r\n")
+        status, headers, body = raw_exchange(self.port, chunked)
+        self.assertJsonError(status, headers, body, 411, "length_required")
+        self.assertNotIn(b"receipt", body)
+        # Content-Length larger than the body: answered 408 at the read deadline, not held for long
+        t = time.monotonic()
+        status, headers, body = raw_exchange(self.port, post_bytes(b"{}").replace(b"Content-Length: 2", b"Content-Length: 100"))
+        self.assertJsonError(status, headers, body, 408, "request_timeout")
+        self.assertLess(time.monotonic() - t, 3)
+        # truncated: the client stops sending early and half-closes
+        status, headers, body = raw_exchange(self.port, post_bytes(b"{}").replace(b"Content-Length: 2", b"Content-Length: 50"),
+                                             shutdown=True)
+        self.assertJsonError(status, headers, body, 400, "truncated_body")
+        status, headers, body = raw_exchange(self.port, b"POST /verify HTTP/1.1\r\nHost:", shutdown=True)
+        self.assertJsonError(status, headers, body, 400, "truncated_request")
+
+    def test_slow_drip_head_is_cut_off(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        t = time.monotonic()
+        try:
+            for ch in b"GET /healthcheck HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40:
+                s.sendall(bytes([ch]))
+                time.sleep(0.05)
+                if time.monotonic() - t > 3:
+                    break
+        except OSError:
+            pass
+        r = http.client.HTTPResponse(s)
+        r.begin()
+        self.assertEqual(r.status, 408)
+        self.assertEqual(json.loads(r.read())["error"], "request_timeout")
+        s.close()
+        self.assertLess(time.monotonic() - t, 3)
+
+    def test_malformed_request_lines(self):
+        for line in (b"GARBAGE\r\n\r\n", b"GET /healthcheck HTTP/2.0\r\n\r\n", b"GET /healthcheck HTTP/0.9\r\n\r\n",
+                     b"GET healthcheck HTTP/1.1\r\n\r\n", b"get /healthcheck HTTP/1.1\r\n\r\n",
+                     b"GET /healthcheck HTTP/1.1\r\nNoColon\r\n\r\n", b"GET /healthcheck HTTP/1.1\r\n folded: x\r\n\r\n"):
+            self.assertJsonError(*raw_exchange(self.port, line), want_status=400)
+        self.assertJsonError(*raw_exchange(self.port, b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n"), want_status=431)
+        self.assertEqual(raw_exchange(self.port, b"GET /healthcheck HTTP/1.0\n\n")[0], 200)
+
+    def test_keep_alive_and_pipelining(self):
+        req = b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n"
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        s.sendall(req * 3 + post_bytes(json.dumps({"claim": "x", "evidence": {}}).encode()))
+        f = s.makefile("rb")
+        for want in (b'{"status"', b'{"status"', b'{"status"', b'{"aar_verdict"'):
+            status, headers, body = read_response(f)
+            self.assertEqual((status, body[:len(want)]), (200, want))
+            self.assertNotIn("connection", headers)
+        s.sendall(req)
+        self.assertEqual(read_response(f)[0], 200)
+        f.close()
+        s.close()
+
+    def test_origin_check(self):
+        good = json.dumps({"claim": "x", "evidence": {}})
+        self.assertJsonError(*self.request("POST", "/verify", good, dict(JSON, Origin="https://evil.example")),
+                             want_status=403, code="forbidden_origin")
+        self.assertJsonError(*self.request("POST", "/mcp", "{}", dict(JSON, Origin="null")), want_status=403)
+        for origin in ("https://ok.example", "http://127.0.0.1:%d" % self.port, "http://localhost:%d" % self.port):
+            self.assertEqual(self.request("POST", "/verify", good, dict(JSON, Origin=origin))[0], 200)
+        self.assertEqual(self.request("POST", "/verify", good, dict(JSON, Origin="http://localhost:1"))[0], 403)
+
+    def test_2_no_global_budget_and_spoofed_headers_change_nothing(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        body = json.dumps({"claim": "x", "evidence": {}})
+        for i in range(300):
+            c.request("POST", "/verify", body, dict(JSON, **{"X-Forwarded-For": "10.0.0.%d" % (i % 250)}))
+            r = c.getresponse()
+            r.read()
+            self.assertEqual(r.status, 200)
+        c.close()
+        self.assertEqual(self.request("POST", "/verify", body, JSON)[0], 200)
+
+    def test_pathological_claim_over_http_does_not_freeze(self):
+        body = json.dumps({"claim": "a." * 4000, "evidence": {"diff": D_USER}})
+        t = time.monotonic()
+        self.assertEqual(self.request("POST", "/verify", body, JSON)[0], 200)
+        self.assertEqual(self.request("GET", "/healthcheck")[0], 200)
+        self.assertLess(time.monotonic() - t, 1.0)
+
+
+class HttpMcp(HttpCase):
+    def rpc(self, msg, headers=None):
+        status, h, body = self.request("POST", "/mcp", msg if isinstance(msg, (bytes, str)) else json.dumps(msg),
+                                       dict(JSON, **(headers or {})))
+        return status, (json.loads(body) if body else None)
+
+    def test_handshake_and_negotiation(self):
+        for asked, answered in (("2024-11-05", "2024-11-05"), ("2025-03-26", "2025-03-26"), ("2025-06-18", "2025-06-18"),
+                                ("2025-11-25", "2025-11-25"), ("2026-07-28", "2025-11-25"), ("1.0.0", "2025-11-25")):
+            status, r = self.rpc({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                  "params": {"protocolVersion": asked, "capabilities": {"x": {}}, "clientInfo": {"name": "t"}}})
+            self.assertEqual((status, r["id"], r["result"]["protocolVersion"]), (200, 0, answered))
+            self.assertEqual(r["result"]["capabilities"], {"tools": {"listChanged": False}})
+        self.assertEqual(self.rpc({"jsonrpc": "2.0", "id": "p", "method": "ping"}), (200, {"jsonrpc": "2.0", "id": "p", "result": {}}))
+
+    def test_notifications_get_202_and_no_body(self):
+        for msg in ({"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}},
+                    {"jsonrpc": "2.0", "id": 5, "result": {}}):
+            status, headers, body = self.request("POST", "/mcp", json.dumps(msg), JSON)
+            self.assertEqual((status, body), (202, b""))
+
+    def test_tools_list_and_call(self):
+        status, r = self.rpc({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        tool = r["result"]["tools"][0]
+        self.assertEqual((tool["name"], tool["inputSchema"]["type"], tool["outputSchema"]["type"]), ("verify_action", "object", "object"))
+        self.assertEqual(tool["annotations"], {"title": tool["title"], "readOnlyHint": True, "idempotentHint": False, "openWorldHint": False})
+        args = {"claim": "Deleted 10 stale sessions", "evidence": DB_OP[0][1], "caller_context": {"agent": "a"}}
+        status, r = self.rpc({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "verify_action", "arguments": args}})
+        res = r["result"]
+        self.assertEqual((res["isError"], res["structuredContent"]["aar_verdict"]), (False, V))
+        self.assertEqual(json.loads(res["content"][0]["text"]), res["structuredContent"])
+        self.assertEqual(res["structuredContent"]["receipt"]["request_hash"], ref_sha(args))  # MCP hashes the arguments
+        for prop in tool["outputSchema"]["required"]:
+            self.assertIn(prop, res["structuredContent"])
+        status, r = self.rpc({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "verify_action",
+                                                                                          "arguments": {"claim": ""}}})
+        self.assertEqual(r["result"]["isError"], True)
+        self.assertIn("invalid_claim", r["result"]["content"][0]["text"])
+
+    def test_11_errors(self):
+        cases = [(b"{not json", None, -32700), (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', None, -32600),
+                 (b"[]", None, -32600), ({"jsonrpc": "1.0", "id": 1, "method": "ping"}, None, -32600),
+                 ({"jsonrpc": "2.0", "id": None, "method": "ping"}, None, -32600),
+                 ({"jsonrpc": "2.0", "id": 1.5, "method": "ping"}, None, -32600),
+                 ({"jsonrpc": "2.0", "id": True, "method": "ping"}, None, -32600),
+                 ({"jsonrpc": "2.0", "id": 4, "method": 7}, 4, -32600),
+                 ({"jsonrpc": "2.0", "id": 4, "method": "server/discover"}, 4, -32601),
+                 ({"jsonrpc": "2.0", "id": 4, "method": "resources/list"}, 4, -32601),
+                 ({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": [1, 2]}, 4, -32602),
+                 ({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "nope", "arguments": {}}}, 4, -32602),
+                 ({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "verify_action", "arguments": [1]}}, 4, -32602),
+                 ({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"arguments": {}}}, 4, -32602),
+                 ({"jsonrpc": "2.0", "id": 4, "method": "initialize", "params": {}}, 4, -32602),
+                 (b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "id": 2}', None, -32700)]
+        for msg, want_id, code in cases:
+            status, r = self.rpc(msg)
+            self.assertEqual((status, r["id"], r["error"]["code"]), (200, want_id, code), msg)
+
+    def test_protocol_version_header_and_origin(self):
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        self.assertEqual(self.rpc(ping, {"MCP-Protocol-Version": "2025-06-18"})[0], 200)
+        status, headers, body = self.request("POST", "/mcp", json.dumps(ping), dict(JSON, **{"MCP-Protocol-Version": "1999-01-01"}))
+        self.assertJsonError(status, headers, body, 400, "unsupported_protocol_version")
+        status, headers, body = self.request("POST", "/mcp", json.dumps(ping), dict(JSON, Origin="http://evil.example"))
+        self.assertJsonError(status, headers, body, 403, "forbidden_origin")
+
+
+class PoolAndDeadlines(unittest.TestCase):
+    def test_503_when_every_worker_is_busy(self):
+        service = va.Service(va.KeyRing.generate())
+        server = va.Server(service, "127.0.0.1", 0, workers=1, read_deadline=1.5, queue_wait=0.3)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            hog = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            hog.sendall(b"GET /healthcheck HTTP/1.1\r\n")  # holds the only worker until its deadline
+            time.sleep(0.1)
+            status, headers, body = raw_exchange(server.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertEqual((status, json.loads(body)["error"]), (503, "service_unavailable"))
+            f = hog.makefile("rb")
+            self.assertEqual(read_response(f)[0], 408)
+            f.close()
+            hog.close()
+            self.assertEqual(raw_exchange(server.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")[0], 200)
+        finally:
+            server.shutdown()
+            thread.join(5)
+
+
+class ServerProcess(object):
+    """The real script as a subprocess on an ephemeral port."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([PY, SCRIPT, "--port", "0"] + list(args), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stderr = b""
+        while b"listening on" not in self.stderr:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError("server did not start: %r" % self.stderr)
+            self.stderr += line
+        self.port = int(self.stderr.split(b"listening on http://")[1].split(b":")[1].split(b" ")[0])
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+class Cli(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.keyfile = os.path.join(self.dir, "keys")
+        va.keygen(self.keyfile)
+        self.token = os.path.join(self.dir, "token")
+        fd = os.open(self.token, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"s3cret-token-0123456789\n")
+        os.close(fd)
+
+    def tearDown(self):
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
+
+    def test_200_keepalive_connections_answered_with_bounded_threads(self):
+        srv = ServerProcess("--key-file", self.keyfile)
+        try:
+            self.assertNotIn(b"ephemeral", srv.stderr)
+            body = json.dumps({"claim": "Added null check for `user.email` in src/user.py", "evidence": {"diff": D_USER}}).encode()
+            socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=15) for _ in range(200)]
+            files = [s.makefile("rb") for s in socks]
+            for rnd in range(2):  # two requests on every connection: keep-alive holds for all 200
+                for s in socks:
+                    s.sendall(post_bytes(body))
+                for f in files:
+                    status, _, raw = read_response(f)
+                    self.assertEqual((status, json.loads(raw)["aar_verdict"]), (200, V))
+            threads = len(os.listdir("/proc/%d/task" % srv.proc.pid))
+            self.assertLessEqual(threads, 16 + 2)  # workers + selector (main) + nothing that grows
+            for f, s in zip(files, socks):
+                f.close()
+                s.close()
+        finally:
+            srv.close()
+
+    def test_token_file_and_key_ring_over_the_real_script(self):
+        srv = ServerProcess("--key-file", self.keyfile, "--token-file", self.token, "--issuer", "gate-1",
+                            "--allow-origin", "https://ui.example")
+        try:
+            body = json.dumps({"claim": "x", "evidence": {}})
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+            c.request("POST", "/verify", body, JSON)
+            r = c.getresponse()
+            self.assertEqual((r.status, r.getheader("WWW-Authenticate"), json.loads(r.read())["error"]), (401, "Bearer", "unauthorized"))
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+            c.request("POST", "/verify", body, dict(JSON, Authorization="Bearer wrong-token-0123456789"))
+            self.assertEqual(c.getresponse().status, 401)
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+            c.request("POST", "/verify", body, dict(JSON, Authorization="Bearer s3cret-token-0123456789", Origin="https://ui.example"))
+            r = c.getresponse()
+            rec = json.loads(r.read())["receipt"]
+            self.assertEqual((r.status, rec["issued_by"]), (200, "gate-1"))
+            self.assertEqual(va.verify_receipt(rec, va.load_keyring(self.keyfile))[:2], (True, "ok"))
+            c.request("GET", "/healthcheck")  # GETs never need the token
+            self.assertEqual(c.getresponse().status, 200)
+            c.close()
+        finally:
+            srv.close()
+
+    def test_startup_refusals_and_warnings(self):
+        run = lambda *a: subprocess.run([PY, SCRIPT, "--port", "0"] + list(a), capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
+        os.chmod(self.keyfile, 0o640)
+        r = run("--key-file", self.keyfile)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(b"group or others", r.stderr)
+        os.chmod(self.keyfile, 0o600)
+        os.chmod(self.token, 0o644)
+        self.assertEqual(run("--token-file", self.token).returncode, 2)
+        self.assertEqual(run("--key-file", os.path.join(self.dir, "missing")).returncode, 2)
+        self.assertEqual(run("--allow-origin", "https://x.example/path").returncode, 2)
+        self.assertEqual(run("--workers", "0").returncode, 2)
+        srv = ServerProcess()
+        self.assertIn(b"ephemeral key", srv.stderr)
+        srv.close()
+        srv = ServerProcess("--host", "0.0.0.0")
+        self.assertIn(b"WARNING", srv.stderr)
+        srv.close()
+        os.chmod(self.token, 0o600)
+        srv = ServerProcess("--host", "0.0.0.0", "--token-file", self.token)
+        self.assertNotIn(b"WARNING", srv.stderr)
+        srv.close()
+
+
+class Stdio(unittest.TestCase):
+    def setUp(self):
+        self.proc = subprocess.Popen([PY, SCRIPT, "--stdio"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+
+    def tearDown(self):
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if not f.closed:
+                f.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(5)
+
+    def send(self, msg):
+        self.proc.stdin.write((msg if isinstance(msg, bytes) else json.dumps(msg).encode()) + b"\n")
+        self.proc.stdin.flush()
+
+    def recv(self):
+        return json.loads(self.proc.stdout.readline())
+
+    def call(self, msg):
+        self.send(msg)
+        return self.recv()
+
+    def test_session(self):
+        self.assertEqual(self.call({"jsonrpc": "2.0", "id": 0, "method": "ping"})["result"], {})
+        self.assertEqual(self.call({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}})["error"]["code"], -32601)
+        self.assertEqual(self.call({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})["error"]["code"], -32600)
+        r = self.call({"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+                                                                                   "capabilities": {}, "clientInfo": {"name": "t"}}})
+        self.assertEqual(r["result"]["protocolVersion"], "2025-06-18")
+        self.assertEqual(self.call({"jsonrpc": "2.0", "id": 4, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}})
+                         ["error"]["code"], -32600)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})  # never answered: the next line is id 5's
+        self.send(b"   ")
+        self.assertEqual(self.call({"jsonrpc": "2.0", "id": "five", "method": "tools/list"})["id"], "five")
+        r = self.call({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "verify_action", "arguments": {
+            "claim": "Added null check for `user.email` in src/user.py", "evidence": {"diff": D_USER}}}})
+        self.assertEqual(r["result"]["structuredContent"]["aar_verdict"], V)
+        self.assertEqual(self.call(b"{oops")["error"]["code"], -32700)
+        self.assertEqual(self.call(b'{"jsonrpc":"2.0","id":7,"method":"ping","params":{"a":NaN}}')["error"]["code"], -32700)
+        self.assertEqual(self.call(b'[{"jsonrpc":"2.0","id":8,"method":"ping"}]')["error"]["code"], -32600)
+        self.assertEqual(self.call({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}})["error"]["code"], -32602)
+        self.assertEqual(self.call({"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": "x"})["error"]["code"], -32602)
+        r = self.call({"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "verify_action", "arguments": {"claim": 1}}})
+        self.assertTrue(r["result"]["isError"])
+        self.proc.stdin.close()
+        self.assertEqual(self.proc.wait(5), 0)
+        self.assertEqual(self.proc.stdout.read(), b"")
+
+    def test_batches_only_under_2025_03_26(self):
+        self.call({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-03-26"}})
+        r = self.call([{"jsonrpc": "2.0", "id": 2, "method": "ping"}, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                       {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}])
+        self.assertEqual([m["id"] for m in r], [2, 3])
+        self.send([{"jsonrpc": "2.0", "method": "notifications/initialized"}])  # nothing left to answer: no line at all
+        self.assertEqual(self.call([])["error"]["code"], -32600)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Benchmark: python3 test_verify_action.py bench
+# ---------------------------------------------------------------------------------------------------
+BASELINE = r'''
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = b'{"ok":true}'
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+sys.stderr.write("listening on http://127.0.0.1:%d x\n" % s.server_address[1]); sys.stderr.flush()
+s.serve_forever()
+'''
+
+
+def bench_body():
+    return json.dumps({"claim": "Added null check for `user.email` in src/user.py before saving", "evidence": {"diff": D_USER},
+                       "kind": "code_diff"}).encode()
+
+
+def load(port, conns, seconds, body):
+    """Keep-alive POST /verify from conns threads for seconds; returns (requests/s, p50 ms, p99 ms)."""
+    lat, stop, lock = [], time.monotonic() + seconds, threading.Lock()
+
+    def client():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        mine = []
+        while time.monotonic() < stop:
+            t = time.perf_counter()
+            c.request("POST", "/verify", body, JSON)
+            r = c.getresponse()
+            r.read()
+            mine.append(time.perf_counter() - t)
+            if r.status != 200:
+                raise AssertionError(r.status)
+        c.close()
+        with lock:
+            lat.extend(mine)
+    threads = [threading.Thread(target=client) for _ in range(conns)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lat.sort()
+    return len(lat) / (time.monotonic() - t0), lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000
+
+
+def bench(seconds=4.0):
+    body = bench_body()
+    print("POST /verify, %d-byte code_diff body, keep-alive, stdlib http.client threads as the client" % len(body))
+    print("CPython %s, %d cores; baseline = stdlib ThreadingHTTPServer answering a fixed 200 (same run)\n"
+          % (sys.version.split()[0], os.cpu_count()))
+    rows = []
+    for name, cmd in (("baseline", [PY, "-c", BASELINE]), ("verify_action", [PY, SCRIPT, "--port", "0"])):
+        p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        line = p.stderr.readline()
+        while b"listening on" not in line:
+            line = p.stderr.readline()
+        port = int(line.split(b"http://127.0.0.1:")[1].split(b" ")[0])
+        try:
+            load(port, 4, 0.5, body)  # warm-up
+            rows.append((name, load(port, 1, seconds, body), load(port, 16, seconds, body)))
+        finally:
+            p.terminate()
+            p.wait(10)
+    print("%-14s %10s %8s %8s   %10s %8s %8s" % ("server", "req/s c=1", "p50 ms", "p99 ms", "req/s c=16", "p50 ms", "p99 ms"))
+    for name, one, sixteen in rows:
+        print("%-14s %10.0f %8.2f %8.2f   %10.0f %8.2f %8.2f" % ((name,) + one + sixteen))
+    (_, b1, b16), (_, v1, v16) = rows
+    print("%-14s %10.2f %8.2f %8.2f   %10.2f %8.2f %8.2f" % ("ratio va/base", v1[0] / b1[0], v1[1] / b1[1], v1[2] / b1[2],
+                                                             v16[0] / b16[0], v16[1] / b16[1], v16[2] / b16[2]))
+    print("targets: >= 1600 req/s (c=1), >= 1400 req/s (c=16), p99 <= 10 ms (c=16); peer here: 790 / 690 req/s, p99 33 ms")
+    print("verify_action vs peer: %.2fx (c=1), %.2fx (c=16)" % (v1[0] / 790, v16[0] / 690))
+    worst, where, typical = 0.0, "", []
+    for claim in PATHOLOGICAL:
+        for i, ev in enumerate(pathological_evidence(claim)):
+            t = time.process_time()
+            req = va.validate_request(va.strict_loads(json.dumps({"claim": claim[:8192], "evidence": ev}).encode()))
+            SERVICE.verify(req)
+            d = time.process_time() - t
+            typical.append(d)
+            if d > worst:
+                worst, where = d, "%r... x evidence #%d" % (claim[:12], i)
+    typical.sort()
+    t = time.process_time()
+    for _ in range(200):
+        SERVICE.verify(va.validate_request(va.strict_loads(body)))
+    per = (time.process_time() - t) / 200
+    print("\npathological inputs (%d claims x %d evidence shapes, parse + judge + sign, CPU time):"
+          % (len(PATHOLOGICAL), len(pathological_evidence("x"))))
+    print("  worst %.1f ms (%s), median %.2f ms; target <= 100 ms; ratio worst/bench-body %.0fx (bench body %.3f ms)"
+          % (worst * 1000, where, typical[len(typical) // 2] * 1000, worst / per, per * 1000))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["bench"]:
+        bench()
+    else:
+        unittest.main()
