@@ -23,6 +23,7 @@ bytes, not that the quotes are true; quotes are historical data, never orders.
 """
 
 import array
+import heapq
 import binascii
 import datetime
 import hashlib
@@ -31,10 +32,13 @@ import os
 import re
 import stat
 import sys
+import threading
 import time
 import unicodedata
 from bisect import bisect_left
 from collections import Counter
+from itertools import compress, repeat
+from operator import add, lshift, or_
 
 # ============================================================================
 # §1 Constants and limits
@@ -623,16 +627,21 @@ def parse_manifest(data, names):
 
 
 def _text_field(value, line, field, file=RECORDS):
-    if not isinstance(value, str) or not value.strip():
+    if type(value) is not str or not value or value.isspace():
         raise PackError("must be a non-empty string", file, line, field)
     return value
 
 
-def _time_field(value, line, field, file=RECORDS):
+def _time_field(value, line, field, file=RECORDS, cache=None):
+    if cache is not None and type(value) is str and value in cache:
+        return cache[value]                   # records repeat the same few dates
     try:
-        return parse_utc(value)
+        instant = parse_utc(value)
     except ValueError as e:
         raise PackError(str(e), file, line, field) from None
+    if cache is not None:
+        cache[value] = instant
+    return instant
 
 
 def _int_field(value, line, field, minimum, file=RECORDS):
@@ -643,59 +652,61 @@ def _int_field(value, line, field, minimum, file=RECORDS):
     return value
 
 
-def check_record(record, line):
-    """Validate one parsed record; returns (record_id, date_last_ns, searchable text)."""
-    if not isinstance(record, dict):
+_CITATION_KEYS = frozenset(CITATION_FIELDS)
+
+
+def check_record(record, line, times):
+    """Validate one parsed record -> (record_id, date_last_ns). `times` caches parsed dates."""
+    if type(record) is not dict:
         raise PackError("must be a JSON object", RECORDS, line)
     for field in RECORD_FIELDS:
         if field not in record:
             raise PackError("is missing", RECORDS, line, field)
     record_id = record["record_id"]
-    if not isinstance(record_id, str) or not RECORD_ID.fullmatch(record_id):
+    if type(record_id) is not str or not RECORD_ID.fullmatch(record_id):
         raise PackError("must be M- followed by 1-127 letters, digits, _ or -", RECORDS, line, "record_id")
     if record["role"] not in ("user", "agent"):
         raise PackError('must be "user" or "agent"', RECORDS, line, "role")
     for field in ("speaker", "statement", "topic", "category"):
         _text_field(record[field], line, field)
-    first = _time_field(record["date_first_utc"], line, "date_first_utc")
-    last = _time_field(record["date_last_utc"], line, "date_last_utc")
+    first = _time_field(record["date_first_utc"], line, "date_first_utc", RECORDS, times)
+    last = _time_field(record["date_last_utc"], line, "date_last_utc", RECORDS, times)
     if first > last:
         raise PackError("is after date_last_utc", RECORDS, line, "date_first_utc")
     evidence = record["evidence"]
-    if not isinstance(evidence, list) or not evidence:
+    if type(evidence) is not list or not evidence:
         raise PackError("must be a non-empty list of citations", RECORDS, line, "evidence")
-    quotes = []
     for k, citation in enumerate(evidence):
-        at = "evidence[%d]" % k
-        if not isinstance(citation, dict):
-            raise PackError("must be an object", RECORDS, line, at)
-        for field in CITATION_FIELDS:
-            if field not in citation:
-                raise PackError("is missing", RECORDS, line, at + "." + field)
-        for field in citation:
-            if field not in CITATION_FIELDS:
-                raise PackError("is not a citation field", RECORDS, line, at + "." + field)
-        _int_field(citation["message_id"], line, at + ".message_id", 1)
-        when = _time_field(citation["date_utc"], line, at + ".date_utc")
+        at = "evidence[%d]." % k
+        if type(citation) is not dict:
+            raise PackError("must be an object", RECORDS, line, at[:-1])
+        if citation.keys() != _CITATION_KEYS:
+            for field in CITATION_FIELDS:
+                if field not in citation:
+                    raise PackError("is missing", RECORDS, line, at + field)
+            field = sorted(set(citation) - _CITATION_KEYS)[0]
+            raise PackError("is not a citation field", RECORDS, line, at + field)
+        _int_field(citation["message_id"], line, at + "message_id", 1)
+        when = _time_field(citation["date_utc"], line, at + "date_utc", RECORDS, times)
         if not first <= when <= last:
             raise PackError("must lie between the record's date_first_utc and date_last_utc",
-                            RECORDS, line, at + ".date_utc")
+                            RECORDS, line, at + "date_utc")
         quote = citation["quote"]
-        if not isinstance(quote, str) or not quote:
-            raise PackError("must be a non-empty string", RECORDS, line, at + ".quote")
-        start = _int_field(citation["start"], line, at + ".start", 0)
-        end = _int_field(citation["end"], line, at + ".end", 0)
+        if type(quote) is not str or not quote:
+            raise PackError("must be a non-empty string", RECORDS, line, at + "quote")
+        start = _int_field(citation["start"], line, at + "start", 0)
+        end = _int_field(citation["end"], line, at + "end", 0)
         if end - start != len(quote):
             raise PackError("end - start is %d, but the quote is %d code points long" % (end - start, len(quote)),
-                            RECORDS, line, at + ".end")
-        if not isinstance(citation["message_sha256"], str) or not SHA256_HEX.fullmatch(citation["message_sha256"]):
-            raise PackError("must be 64 lowercase hex characters", RECORDS, line, at + ".message_sha256")
-        quotes.append(quote)
-    return record_id, last, "\n".join([record["statement"], record["topic"]] + quotes)
+                            RECORDS, line, at + "end")
+        digest = citation["message_sha256"]
+        if type(digest) is not str or not SHA256_HEX.fullmatch(digest):
+            raise PackError("must be 64 lowercase hex characters", RECORDS, line, at + "message_sha256")
+    return record_id, last
 
 
 def parse_records(data):
-    """records.jsonl bytes -> (line offsets, record ids, last dates, searchable texts).
+    """records.jsonl bytes -> (line offsets, record ids, date_last_utc instants).
 
     UTF-8, LF endings, one object per line, no blank lines, 1 to 10,000
     records, unique record_id. Only the offsets of the verified bytes are kept,
@@ -707,7 +718,7 @@ def parse_records(data):
         raise PackError("has no records; a pack needs at least one", RECORDS)
     if not data.endswith(b"\n"):
         raise PackError("must end with a newline", RECORDS, data.count(b"\n") + 1)
-    offsets, ids, dates, texts, seen = array.array("L", [0]), [], [], [], {}
+    offsets, ids, dates, seen, times = array.array("L", [0]), [], [], {}, {}
     start, number = 0, 0
     while start < len(data):
         end = data.index(b"\n", start)
@@ -725,16 +736,15 @@ def parse_records(data):
             raise PackError("is not valid UTF-8 (byte %d)" % (e.start + 1), RECORDS, number) from None
         except ValueError as e:
             raise PackError("is not strict JSON: %s" % e, RECORDS, number) from None
-        record_id, last, text = check_record(record, number)
+        record_id, last = check_record(record, number, times)
         if record_id in seen:
             raise PackError("%s repeats line %d" % (record_id, seen[record_id]), RECORDS, number, "record_id")
         seen[record_id] = number
         ids.append(record_id)
         dates.append(last)
-        texts.append(text)
         start = end + 1
         offsets.append(start)
-    return offsets, ids, dates, texts
+    return offsets, ids, dates
 
 
 class PackDates:
@@ -776,7 +786,7 @@ def parse_pack_json(data):
 
 class VerifiedPack:
     """What the pure checks established about a pack's bytes."""
-    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "texts", "pack_dates", "signer")
+    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "pack_dates", "signer")
 
 
 def verify_pack_files(files):
@@ -800,7 +810,7 @@ def verify_pack_files(files):
     pack = VerifiedPack()
     pack.manifest_sha256 = hashlib.sha256(manifest).hexdigest()
     pack.records = files[RECORDS]
-    pack.offsets, pack.ids, pack.dates, pack.texts = parse_records(pack.records)
+    pack.offsets, pack.ids, pack.dates = parse_records(pack.records)
     pack.pack_dates = parse_pack_json(files[PACK_JSON]) if PACK_JSON in files else None
     pack.signer = verify_sshsig(files[SIGNATURE], manifest) if SIGNATURE in files else None
     return pack
@@ -1000,14 +1010,16 @@ def disk_state(root):
 
 
 class PackSnapshot:
-    """A verified pack frozen in memory: raw record bytes, offsets, index, and the verification inputs."""
+    """A verified pack frozen in memory: the raw record bytes, their offsets, the index, and what the
+    per-call checks need (disk state, policy, signature, dates)."""
 
-    def __init__(self, root, state, pack, policy, signature, index):
-        self.root, self.state, self.policy, self.signature, self.index = root, state, policy, signature, index
+    def __init__(self, root, state, pack, policy, signature):
+        self.root, self.state, self.policy, self.signature = root, state, policy, signature
         self.records, self.offsets = pack.records, pack.offsets
         self.ids = {record_id: i for i, record_id in enumerate(pack.ids)}
         self.pack_dates = pack.pack_dates
         self.pack = {"sha256sums_sha256": pack.manifest_sha256, "records": len(pack.ids)}
+        self.index = SearchIndex(self.record, pack.dates, pack.ids)
 
     def record(self, i):
         """A fresh copy of record i, parsed from the verified bytes."""
@@ -1020,15 +1032,13 @@ class PackSnapshot:
 
 
 def load_pack(root, policy, now_ns):
-    """Read, verify and judge a pack, then index it -> PackSnapshot. Raises PackError; writes nothing."""
+    """Read, verify and judge a pack -> PackSnapshot. Raises PackError; writes nothing."""
     files, state = read_pack(root)
     pack = verify_pack_files(files)
     signature, _ = decide(pack, policy, now_ns)
     if disk_state(root) != state:
         raise PackError("pack files changed while they were being verified; try again")
-    index = SearchIndex(pack.texts, pack.dates, pack.ids)
-    pack.texts = None
-    return PackSnapshot(root, state, pack, policy, signature, index)
+    return PackSnapshot(root, state, pack, policy, signature)
 
 
 # ============================================================================
@@ -1036,6 +1046,8 @@ def load_pack(root, policy, now_ns):
 # ============================================================================
 
 _WORD = re.compile(r"\w+")
+RANK_BITS, RANK_MASK = 14, (1 << 14) - 1      # ranks < 16384 > MAX_RECORDS
+COUNT_CAP = 1 << 40                           # above any count in a 16 MiB file
 
 
 def search_words(text):
@@ -1044,48 +1056,120 @@ def search_words(text):
 
 
 class SearchIndex:
-    """Inverted index: word -> records holding it, with occurrence counts.
+    """Inverted index over statement, topic and quotes, built once in a background thread.
 
-    Records are numbered by rank (newest date_last_utc first, then record ID),
-    so each posting list is already in tie-break order; entries pack
-    (rank << 32 | occurrences) into one array per word.
+    Records are numbered by rank: newest date_last_utc first, then record ID.
+    Each word maps to an array of keys (COUNT_CAP - occurrences) << 14 | rank
+    in rank order, so a word's best records are simply its smallest keys.
+    Words in at least 1/8 of the records ("common") also keep their counts as
+    one big integer with a 32-bit field per record, so a query made only of
+    common words is a few C-level big-integer sums and masks, not a loop over
+    thousands of matching records.
     """
 
-    def __init__(self, texts, dates, ids):
-        self.by_rank = sorted(range(len(ids)), key=lambda i: (-dates[i], ids[i]))
-        postings = {}
-        for rank, i in enumerate(self.by_rank):
-            base = rank << 32
-            for word, count in Counter(search_words(texts[i])).items():
-                entries = postings.get(word)
-                if entries is None:
-                    entries = postings[word] = array.array("Q")
-                entries.append(base | count)
-        self.postings = postings
+    def __init__(self, record, dates, ids):
+        self._source = (record, dates, ids)
+        self._ready, self._started = threading.Event(), False
+        self.postings = self.by_rank = self.failure = None
+        self.common, self.rank_lists, self.vectors = 0, {}, {}
+
+    def start(self):
+        """Build the index in a background thread, once; search() waits for it."""
+        if not self._started:
+            self._started = True
+            threading.Thread(target=self._build, name="verified-memory-index", daemon=True).start()
+
+    def _build(self):
+        try:
+            record, dates, ids = self._source
+            by_rank = sorted(range(len(ids)), key=lambda i: (-dates[i], ids[i]))
+            postings = {}
+            for rank, i in enumerate(by_rank):
+                fields = record(i)
+                text = "\n".join([fields["statement"], fields["topic"]] + [c["quote"] for c in fields["evidence"]])
+                for word, count in Counter(search_words(text)).items():
+                    keys = postings.get(word)
+                    if keys is None:
+                        keys = postings[word] = array.array("Q")
+                    keys.append((COUNT_CAP - count) << RANK_BITS | rank)
+            self.common = max(64, len(ids) // 8)
+            self._field_constants(len(ids))
+            for word, keys in postings.items():
+                if len(keys) >= self.common:
+                    ranks = self.rank_lists[word] = array.array("H", map(RANK_MASK.__and__, keys))
+                    if COUNT_CAP - (min(keys) >> RANK_BITS) < 1 << 13:   # 32 such counts fit 18 bits
+                        counts = array.array("I", bytes(4 * len(ids)))
+                        for rank, key in zip(ranks, keys):
+                            counts[rank] = COUNT_CAP - (key >> RANK_BITS)
+                        self.vectors[word] = self._vector(counts)
+            self.by_rank, self.postings = by_rank, postings
+        except BaseException as e:            # e.g. MemoryError: reported by search(), never a hang
+            self.failure = e
+        finally:
+            self._source = None
+            self._ready.set()
+
+    @staticmethod
+    def _vector(fields):
+        """array("I") -> one int whose 32-bit fields are its items (in native order both ways)."""
+        return int.from_bytes(fields.tobytes(), sys.byteorder)
+
+    def _field_constants(self, size):
+        self.size = size
+        self.flags = self._vector(array.array("I", [1 << 30]) * size)           # bit 30 of every field
+        self.fill = self._vector(array.array("I", [(1 << 30) - 1]) * size)      # count + fill sets bit 30 iff count > 0
+        self.tiebreak = self._vector(array.array("I", range(RANK_MASK, RANK_MASK - size, -1)))
 
     def search(self, words, limit=MAX_MATCHES):
         """All `words` required -> (number matched, [(record index, occurrences)] of the best `limit`)."""
+        self.start()
+        self._ready.wait()
+        if self.failure is not None:
+            raise RuntimeError("the search index could not be built (%s)" % type(self.failure).__name__)
         lists = []
         for word in words:
-            entries = self.postings.get(word)
-            if entries is None:
+            keys = self.postings.get(word)
+            if keys is None:
                 return 0, []
-            lists.append(entries)
-        lists.sort(key=len)
-        totals = {entry >> 32: entry & 0xFFFFFFFF for entry in lists[0]}
-        for entries in lists[1:]:
-            totals = _intersect(totals, entries)
-        best = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:limit]
-        return len(totals), [(self.by_rank[rank], count) for rank, count in best]
+            lists.append((len(keys), word, keys))
+        lists.sort()
+        if len(lists) == 1:
+            matched, best = lists[0][0], heapq.nsmallest(limit, lists[0][2])
+        elif not all(word in self.vectors for _, word, _ in lists):
+            matched, best = self._filter(lists, limit)
+        else:
+            matched, best = self._common(lists, limit)
+        return matched, [(self.by_rank[key & RANK_MASK], COUNT_CAP - (key >> RANK_BITS)) for key in best]
 
+    def _filter(self, lists, limit):
+        """The rarest word has few records: look each of them up in the other words' rank lists."""
+        found, others = [], [(self.rank_lists.get(word) or array.array("H", map(RANK_MASK.__and__, keys)), keys)
+                              for _, word, keys in lists[1:]]
+        for key in lists[0][2]:
+            rank, total = key & RANK_MASK, COUNT_CAP - (key >> RANK_BITS)
+            for ranks, keys in others:
+                at = bisect_left(ranks, rank)
+                if at == len(ranks) or ranks[at] != rank:
+                    break
+                total += COUNT_CAP - (keys[at] >> RANK_BITS)
+            else:
+                found.append((COUNT_CAP - total) << RANK_BITS | rank)
+        return len(found), heapq.nsmallest(limit, found)
 
-def _intersect(totals, entries):
-    kept, size = {}, len(entries)
-    for rank, count in totals.items():
-        at = bisect_left(entries, rank << 32)
-        if at < size and entries[at] >> 32 == rank:
-            kept[rank] = count + (entries[at] & 0xFFFFFFFF)
-    return kept
+    def _common(self, lists, limit):
+        """Every word is common: sum the count vectors, mask the records holding every word, and
+        read the best fields, each (total << 14 | reversed rank), in one pass."""
+        totals, present = 0, self.flags
+        for _, word, _ in lists:
+            vector = self.vectors[word]
+            totals += vector
+            present &= vector + self.fill
+        keys = (totals << RANK_BITS | self.tiebreak) & (present >> 30) * 0xFFFFFFFF
+        fields = array.array("I")
+        fields.frombytes(keys.to_bytes(4 * self.size, sys.byteorder))
+        best = [key for key in heapq.nlargest(limit, fields) if key]
+        return bin(present).count("1"), [(COUNT_CAP - (key >> RANK_BITS)) << RANK_BITS | RANK_MASK - (key & RANK_MASK)
+                                         for key in best]
 
 
 # ============================================================================
@@ -1162,7 +1246,10 @@ class ToolServer:
             return None, "the query has no words to search for"
         if len(words) > MAX_QUERY_TERMS:
             return None, "the query has %d different words; the limit is %d" % (len(words), MAX_QUERY_TERMS)
-        matched, best = snapshot.index.search(words)
+        try:
+            matched, best = snapshot.index.search(words)
+        except RuntimeError as e:
+            return None, "verified-memory: %s; restart the server" % e
         matches = []
         for i, occurrences in best:
             record = snapshot.record(i)
@@ -1804,6 +1891,7 @@ def main(argv=None):
             return 1
         _print_json(payload)
         return 0
+    snapshot.index.start()                    # index while the client starts; the first search waits for it
     out = sys.stdout.buffer
     sys.stdout = sys.stderr                   # a stray print must never corrupt the protocol stream
     if sys.stdin.isatty():
