@@ -13,35 +13,16 @@ The rules are deterministic and never reach a database, repository or API: a ver
 evidence supplied is consistent with the claim. A receipt (HMAC-SHA256 over RFC 8785 canonical JSON)
 proves which service judged which exact request, when, and with what result; never that the claim is true.
 """
-import argparse
-import base64
-import collections
-import hashlib
-import hmac
-import html
-import ipaddress
-import json
-import os
-import re
-import secrets
-import selectors
-import socket
-import stat
-import sys
-import threading
-import time
-import urllib.parse
+import argparse, base64, collections, hashlib, hmac, html, http, ipaddress, json, os, re, secrets, selectors
+import socket, stat, sys, threading, time, urllib.parse
 
-# ---------------------------------------------------------------------------------------------------
-# §1 Constants, verdicts, reason codes
-# ---------------------------------------------------------------------------------------------------
+# ---- §1 Constants, verdicts, reason codes ------------------------------------------------------------------------
 VERSION = "1.0.0"
 SCHEMA = "verify_action_receipt.v0"
 VERDICTS = ("verified", "contradicted", "insufficient_evidence", "unsafe_to_verify")
 LEGACY = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected")))
 KINDS = ("code_diff", "db_op", "file_op", "api_call", "generic")
-MAX_CLAIM, MAX_CONTEXT, MAX_DEPTH, MAX_BODY = 8192, 8192, 32, 1 << 20
-MAX_CALLER_KEYS, MAX_CALLER_STR = 8, 64
+MAX_CLAIM, MAX_CONTEXT, MAX_DEPTH, MAX_BODY, MAX_CALLER_KEYS, MAX_CALLER_STR = 8192, 8192, 32, 1 << 20, 8, 64
 REQUEST_FIELDS = ("claim", "evidence", "kind", "context", "caller_context")
 BOUNDS = {"diff_chars": 4 << 20, "diff_files": 5000, "operation_chars": 65536, "path_chars": 4096,
           "request_chars": 4 << 20, "count_max": 2 ** 53}
@@ -51,7 +32,6 @@ PROVES = ("Which service (key id kid) judged which exact request (SHA-256 of the
 NOT_PROVES = ("That the claim is true. The service never reaches into databases, repositories or APIs; it "
               "only judges whether the evidence supplied is consistent with the claim, and evidence can be "
               "fabricated or incomplete.")
-
 # Every reason code: (kind, signal, meaning). Signals: + positive, - negative, ! critical negative,
 # unsafe (the evidence could not be examined), 0 neutral. The vocabulary is closed: nothing else is emitted.
 REASONS = {
@@ -65,15 +45,16 @@ REASONS = {
     "path_in_diff": ("code_diff", "+", "Every file the claim names is changed in the diff."),
     "path_partly_in_diff": ("code_diff", "-", "Some files the claim names are not in the diff."),
     "path_not_in_diff": ("code_diff", "!", "None of the files the claim names is in the diff."),
-    "identifier_in_changed_lines": ("code_diff", "+", "Every identifier the claim names is in added or removed lines."),
-    "identifier_not_in_changed_lines": ("code_diff", "-", "An identifier the claim names is in no added or removed line."),
-    "content_words_absent": ("code_diff", "-", "The claim names no identifier and none of its content words is in the changed lines."),
+    "identifier_in_changed_lines": ("code_diff", "+", "Every identifier the claim names is in changed lines."),
+    "identifier_not_in_changed_lines": ("code_diff", "-", "An identifier the claim names is in no changed line."),
+    "content_words_absent": ("code_diff", "-", "The claim names no identifier and none of its content words "
+                                               "is in the changed lines."),
     "action_matches_lines": ("code_diff", "+", "The claimed action matches the line movement in the named files."),
-    "action_mismatch_lines": ("code_diff", "-", "The claimed action does not match the line movement in the named files."),
+    "action_mismatch_lines": ("code_diff", "-", "The claimed action does not match the line movement there."),
     "file_deleted": ("code_diff", "+", "The file the claim says was deleted is deleted in the diff."),
     "file_not_deleted": ("code_diff", "-", "The claim says a file was deleted but the diff does not delete it."),
     "unnamed_files_changed": ("code_diff", "-", "The diff also changes files the claim does not name."),
-    "changes_mostly_elsewhere": ("code_diff", "!", "More than half of the changed lines are in files the claim does not name."),
+    "changes_mostly_elsewhere": ("code_diff", "!", "Most changed lines are in files the claim does not name."),
     "sql_kind_matches": ("db_op", "+", "The SQL statement's kind matches the claimed action."),
     "sql_kind_mismatch": ("db_op", "-", "The SQL statement's kind differs from the claimed action."),
     "sql_kind_conflicts": ("db_op", "!", "A write is claimed but the SQL statement is a SELECT."),
@@ -84,8 +65,8 @@ REASONS = {
     "affected_rows_mismatch": ("db_op", "-", "affected_rows differs from the size of the row delta."),
     "count_matches": ("db_op", "+", "The count in the claim equals affected_rows or the row delta."),
     "count_mismatch": ("db_op", "!", "The count in the claim differs from affected_rows and the row delta."),
-    "sql_identifier_matches": ("db_op", "+", "The identifiers the claim names are those in the SQL's WHERE comparisons."),
-    "sql_identifier_mismatch": ("db_op", "!", "An identifier the claim names differs from those in the SQL's WHERE comparisons."),
+    "sql_identifier_matches": ("db_op", "+", "The identifiers the claim names are in the SQL's WHERE comparisons."),
+    "sql_identifier_mismatch": ("db_op", "!", "An identifier the claim names is not in the SQL's WHERE comparisons."),
     "existence_matches": ("file_op", "+", "exists_before and exists_after fit the claimed action."),
     "start_state_mismatch": ("file_op", "-", "exists_before does not fit the claimed action."),
     "end_state_mismatch": ("file_op", "!", "exists_after contradicts the claimed action."),
@@ -105,11 +86,12 @@ REASONS = {
     "body_failure": ("api_call", "!", "Success is claimed but the response body reports a failure."),
     "body_contradicts_failure_claim": ("api_call", "-", "Failure is claimed but the response body reports success."),
     "target_matches": ("api_call", "+", "Every target the claim names (email, URL, ID) is in the request."),
-    "target_mismatch": ("api_call", "!", "The request names a different target (email, URL host or path, ID) than the claim."),
+    "target_mismatch": ("api_call", "!", "The request names a different email, URL host or path, or ID."),
     "target_not_in_request": ("api_call", "-", "A target the claim names is not in the request."),
-    "entities_match": ("generic", "+", "One of at least 3 distinct entities (numbers, URLs, emails, identifiers) of the claim found in the evidence."),
-    "explicit_value_match": ("generic", "+", "A value the claim states for a key (KEY is VALUE, KEY: VALUE) equals the evidence's."),
-    "explicit_value_conflict": ("generic", "!", "A value the claim states for a key differs from the evidence's value for that key."),
+    "entities_match": ("generic", "+", "One of >= 3 distinct entities of the claim (numbers, URLs, emails, "
+                                       "identifiers) found in the evidence."),
+    "explicit_value_match": ("generic", "+", "A value the claim states for a key (KEY is VALUE) equals the evidence's."),
+    "explicit_value_conflict": ("generic", "!", "A value the claim states for a key differs from the evidence's."),
 }
 _SIGNAL_NAMES = {"+": "positive", "-": "negative", "!": "critical", "unsafe": "unsafe", "0": "neutral"}
 DECISION = ("any unsafe code -> unsafe_to_verify; any critical -> contradicted; no negatives and >= 2 positives "
@@ -117,102 +99,61 @@ DECISION = ("any unsafe code -> unsafe_to_verify; any critical -> contradicted; 
 CONFIDENCE = ("confidence in the stated verdict: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted 0.9 with a "
               "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0.")
 
-
 def decide(codes):
     """Apply the fixed decision rule to a list of reason codes (repeats count); return (verdict, confidence)."""
     signals = [REASONS[c][1] for c in codes]
     pos, neg = signals.count("+"), signals.count("-")
-    if "unsafe" in signals:
-        return "unsafe_to_verify", 0.0
-    if "!" in signals:
-        return "contradicted", 0.9
-    if not neg and pos >= 2:
-        return "verified", round(min(0.95, 0.6 + 0.1 * (pos - 2)), 3)
-    if neg >= 2 and not pos:
-        return "contradicted", round(min(0.9, 0.6 + 0.1 * (neg - 2)), 3)
+    if "unsafe" in signals: return "unsafe_to_verify", 0.0
+    if "!" in signals: return "contradicted", 0.9
+    if not neg and pos >= 2: return "verified", round(min(0.95, 0.6 + 0.1 * (pos - 2)), 3)
+    if neg >= 2 and not pos: return "contradicted", round(min(0.9, 0.6 + 0.1 * (neg - 2)), 3)
     return "insufficient_evidence", 0.5
 
-
-# ---------------------------------------------------------------------------------------------------
-# §2 Canonical JSON (RFC 8785) and hashing
-# ---------------------------------------------------------------------------------------------------
-_encode_str = json.encoder.encode_basestring  # JCS string form: only " \ and controls escaped, \u00xx lowercase
-
+# ---- §2 Canonical JSON (RFC 8785) and hashing --------------------------------------------------------------------
+_encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
+_sha = lambda data: "sha256:" + hashlib.sha256(data).hexdigest()
+_b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 def _es_number(x):
     """A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires."""
-    if isinstance(x, int) and -2 ** 53 < x < 2 ** 53:
-        return str(x)
+    if isinstance(x, int) and -2 ** 53 < x < 2 ** 53: return str(x)
     f = float(x)
-    if f != f or f in (float("inf"), float("-inf")):
-        raise ValueError("NaN and Infinity have no canonical JSON form")
-    if f == 0:
-        return "0"
-    mant, _, exp = repr(abs(f)).partition("e")
+    if f != f or f in (float("inf"), float("-inf")): raise ValueError("NaN and Infinity have no canonical JSON form")
+    if f == 0: return "0"
+    mant, _, exp = repr(abs(f)).partition("e")  # repr gives the shortest round-trip digits
     ip, _, fp = mant.partition(".")
-    raw = ip + fp
-    digits = raw.lstrip("0")
-    n = len(ip) + int(exp or 0) - (len(raw) - len(digits))  # decimal point position in digits
+    digits = (ip + fp).lstrip("0")
+    n = len(ip) + int(exp or 0) - (len(ip + fp) - len(digits))  # position of the decimal point
     digits = digits.rstrip("0")
     k = len(digits)
-    if k <= n <= 21:
-        out = digits + "0" * (n - k)
-    elif 0 < n <= 21:
-        out = digits[:n] + "." + digits[n:]
-    elif -6 < n <= 0:
-        out = "0." + "0" * -n + digits
-    else:
-        out = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if n > 0 else "-") + str(abs(n - 1))
+    out = (digits + "0" * (n - k) if k <= n <= 21 else digits[:n] + "." + digits[n:] if 0 < n <= 21
+           else "0." + "0" * -n + digits if -6 < n <= 0
+           else digits[0] + ("." + digits[1:] if k > 1 else "") + "e%+d" % (n - 1))
     return ("-" if f < 0 else "") + out
 
-
-def _utf16(key):
-    return key.encode("utf-16-be")
-
-
 def _jcs(v):
-    if isinstance(v, str):
-        return _encode_str(v)
-    if v is None or v is True or v is False:
-        return "null" if v is None else "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return _es_number(v)
-    if isinstance(v, dict):
-        return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=_utf16)) + "}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_jcs(i) for i in v) + "]"
-    raise TypeError("not a JSON value: %s" % type(v).__name__)
-
+    if isinstance(v, str): return _encode_str(v)
+    if v is None or isinstance(v, bool): return "null" if v is None else "true" if v else "false"
+    if isinstance(v, (int, float)): return _es_number(v)
+    if isinstance(v, (list, tuple)): return "[" + ",".join(_jcs(i) for i in v) + "]"
+    if not isinstance(v, dict): raise TypeError("not a JSON value: %s" % type(v).__name__)
+    return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-16-be"))) + "}"
 
 def canonical_json(value):
     """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes."""
     return _jcs(value).encode("utf-8")
 
-
-def sha256_tag(data):
-    """'sha256:' + lowercase hex SHA-256 of bytes."""
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def b64url(data):
-    """Unpadded base64url."""
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-# ---------------------------------------------------------------------------------------------------
-# §3 Rules per kind (pure). Every rule tokenises its input once with single-class patterns and
-# set look-ups, so time is linear in the input; no pattern has nested or adjacent overlapping quantifiers.
-# ---------------------------------------------------------------------------------------------------
+# ---- §3 Rules per kind (pure). Inputs are tokenised once with single-class patterns and judged with set ----------
+# look-ups and str methods: time is linear; no pattern has nested or adjacent overlapping quantifiers.
 _TOKEN = re.compile(r"[^\s`'\"();<>\[\]{}|]+")
-_CODE_TOKEN = re.compile(r"[A-Za-z0-9_.]+")
-_CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
-_ALPHA = re.compile(r"[a-z]+")
+_CODE_TOKEN, _ALPHA = re.compile(r"[A-Za-z0-9_.]+"), re.compile(r"[a-z]+")
+_CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")  # camelCase and CAPS split; backtracks one char at most
 _SQL_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*|[0-9]+|<>|!=|<=|>=|\S")
 _SQL_SKIP = re.compile(r"['\"`]|--|/\*")
 EXTENSIONS = frozenset("""py pyi js mjs cjs ts tsx jsx go rs c h cc cpp cxx hpp hh java kt kts rb php cs swift m mm sh
     bash zsh ps1 md rst txt json jsonl yaml yml toml ini cfg conf html htm css scss sass less sql xml csv tsv lock log env
     gradle mk cmake r scala lua pl pm proto dart vue svelte ex exs erl hs ml elm clj tf hcl dockerfile gitignore pdf png jpg
-    jpeg gif svg zip gz tar tgz bin so dll exe wasm ipynb bat tex vim el nix zig jl sol cfg properties""".split())
+    jpeg gif svg zip gz tar tgz bin so dll exe wasm ipynb bat tex vim el nix zig jl sol properties db sqlite""".split())
 _STOP = frozenset("""a an the and or but if then than that this these those with without from into onto for to of in on
     at by as is are was were be been being it its they them their there here which what when where while who whom whose
     why how not no nor so too very can could should would will shall may might must do does did done have has had having
@@ -221,291 +162,180 @@ _STOP = frozenset("""a an the and or but if then than that this these those with
     function functions method methods class classes module modules test tests value values variable variables logic
     handling support issue issues bug bugs case cases call calls return returns using used use make made sure properly
     correctly correct small minor simple basic proper instead within""".split())
-_NOT_ID = frozenset("""version versions step steps phase page pages line lines port attempt attempts retry retries level
-    day days hour hours minute minutes second seconds week weeks month months year years http https status code codes
-    error errors times item items row rows record records percent top last first least most least""".split())
+_NOT_ID = frozenset("""version versions step steps phase page pages port attempt attempts retry retries level day days hour
+    hours minute minutes second seconds week weeks month months year years http https status code codes error errors times
+    item items row rows record records percent top""".split())
 _NEGATION = frozenset("not never no didn wasn isn couldn cannot weren hasn haven".split())
 
+def _verbs(**classes):
+    """word -> class: each base word, then its -s -es -d -ed -ing -ied -ies forms (extra non-words are harmless)."""
+    table = {w: cls for cls, words in classes.items() for w in words.split()}
+    for w, cls in list(table.items()):
+        for form in (w + "s", w + "es", w + "d", w + "ed", w + "ing", w[:-1] + "ied", w[:-1] + "ies"):
+            table.setdefault(form, cls)
+    return table
 
-def _verb_table(classes):
-    return {w: cls for cls, words in classes.items() for w in words.split()}
-
-
-_CODE_VERBS = _verb_table({
-    "add": "add added adds adding introduce introduced introduces create created creates implement implemented implements write wrote writes",
-    "modify": "fix fixed fixes change changed changes update updated updates modify modified modifies refactor refactored refactors rename renamed renames set edit edited edits replace replaced replaces tweak tweaked tweaks",
-    "check": "check checked checks validate validated validates guard guarded guards ensure ensured ensures verify verified verifies",
-    "remove": "remove removed removes delete deleted deletes drop dropped drops"})
-_DB_VERBS = _verb_table({
-    "delete": "delete deleted deletes remove removed removes purge purged purges drop dropped truncate truncated clear cleared",
-    "insert": "insert inserted inserts add added adds create created creates append appended import imported",
-    "update": "update updated updates modify modified change changed set mark marked edit edited",
-    "read": "read reads select selected query queried fetch fetched count counted list listed retrieve retrieved"})
-_FILE_VERBS = _verb_table({
-    "create": "create created creates add added adds make made generate generated touch touched",
-    "write": "write wrote writes written save saved saves",
-    "delete": "delete deleted deletes remove removed removes erase erased unlink unlinked rm",
-    "modify": "modify modified modifies update updated updates edit edited edits append appended appends change changed overwrite overwrote overwritten truncate truncated",
-    "rename": "rename renamed renames move moved moves mv"})
+_CODE_VERBS = _verbs(add="add introduce create implement write wrote", check="check validate guard ensure verify",
+                     modify="fix change update modify refactor rename set edit replace tweak",
+                     remove="remove delete drop dropped")
+_DB_VERBS = _verbs(delete="delete remove purge drop dropped truncate clear", read="read select query fetch count list "
+                   "retrieve", insert="insert add create append import", update="update modify change set mark edit")
+_FILE_VERBS = _verbs(create="create add make made generate touch", write="write wrote written save",
+                     delete="delete remove erase unlink rm", rename="rename move mv",
+                     modify="modify update edit append change overwrite overwrote overwritten truncate")
 _FILE_STATES = {"create": (False, True), "write": (None, True), "delete": (True, False), "modify": (True, True),
-                "rename": (True, True)}
+                "rename": (True, True)}  # (exists_before, exists_after) each verb needs; None: either
 _ALL_VERBS = frozenset(_CODE_VERBS) | frozenset(_DB_VERBS) | frozenset(_FILE_VERBS)
 _OK_WORDS = frozenset("sent delivered posted created succeeded ok success successful successfully accepted".split())
 _FAIL_WORDS = frozenset("failed fail fails failure error errored rejected bounced denied unsuccessful unable timeout".split())
 _STATUS_OK = frozenset("ok success succeeded successful sent delivered accepted created completed complete done".split())
 _STATUS_FAIL = frozenset("error failed failure fail rejected bounced denied invalid".split())
-_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10 ** 6, "mib": 1 << 20,
-               "gb": 10 ** 9, "gib": 1 << 30}
-
+_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10 ** 6, "mib": 1 << 20, "gb": 10 ** 9,
+               "gib": 1 << 30}
+_strip = lambda t: t.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
+_digits = lambda s: s.isascii() and s.isdigit()
 
 def _tokens(text):
-    """Claim text split once into tokens, sentence punctuation trimmed from their ends."""
-    out = []
-    for t in _TOKEN.findall(text):
-        t = t.rstrip(".,:!?*").lstrip(",*:!?")
-        if t:
-            out.append(t)
-    return out
-
-
+    """Text split once into tokens, sentence punctuation trimmed from their ends."""
+    return [t for t in map(_strip, _TOKEN.findall(text)) if t]
 def _variants(word):
-    """The word and the word without one of the suffixes -s, -es, -ed, -ing (the only inflections allowed)."""
-    out = [word]
-    for suffix in ("ing", "ed", "es", "s"):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            out.append(word[:-len(suffix)])
-    return out
-
-
-def _digits(s):
-    return s.isascii() and s.isdigit()
-
-
+    """The word, and the word less one of the suffixes -s, -es, -ed, -ing (the only inflections allowed)."""
+    return [word] + [word[:-len(s)] for s in ("ing", "ed", "es", "s") if word.endswith(s) and len(word) - len(s) >= 3]
 def _number(tok):
     """A plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None."""
-    if len(tok) > 24:
-        return None
-    parts = tok.split(",")
-    if len(parts) > 1 and not (1 <= len(parts[0]) <= 3 and all(len(p) == 3 for p in parts[1:])):
-        return None
-    t = "".join(parts)
-    ip, dot, fp = t.partition(".")
-    if not _digits(ip) or (dot and not _digits(fp)):
-        return None
-    return float(t) if dot else int(t)
-
-
-def _ident_part(p):
-    return bool(p) and p.isascii() and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum()
-
+    parts = tok.split(",") if len(tok) <= 24 else ["x"]
+    if len(parts) > 1 and not (1 <= len(parts[0]) <= 3 and all(len(p) == 3 for p in parts[1:])): return None
+    ip, dot, fp = "".join(parts).partition(".")
+    if not _digits(ip) or (dot and not _digits(fp)): return None
+    return float(ip + "." + fp) if dot else int(ip)
 
 def _identifier(tok, explicit=False):
     """A code identifier (dotted, snake_case, camelCase; any word when backticked), else None."""
     parts = tok.split(".")
-    if not all(_ident_part(p) for p in parts):
+    if not all(p and p.isascii() and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts):
         return None
-    if len(parts) > 1:
-        return tok if max(len(p) for p in parts) > 1 else None
-    if explicit or "_" in tok.strip("_") or any(a.islower() and b.isupper() for a, b in zip(tok, tok[1:])):
-        return tok
-    return None
-
+    if len(parts) > 1: return tok if max(len(p) for p in parts) > 1 else None
+    camel = any(a.islower() and b.isupper() for a, b in zip(tok, tok[1:]))
+    return tok if explicit or camel or "_" in tok.strip("_") else None
 
 def _email(tok):
     local, at, domain = tok.partition("@")
-    if not at or not local or "." not in domain or domain.startswith(".") or domain.endswith("."):
-        return None
-    if not domain.replace(".", "a").replace("-", "a").isalnum():
-        return None
-    if not local.replace(".", "a").replace("_", "a").replace("+", "a").replace("-", "a").replace("%", "a").isalnum():
-        return None
-    return tok.lower()
-
+    ok = (at and local and "." in domain.strip(".") and not domain.startswith(".") and not domain.endswith(".")
+          and domain.replace(".", "a").replace("-", "a").isalnum() and local.translate({ord(c): "a" for c in "._+-%"}).isalnum())
+    return tok.lower() if ok else None
 
 def _url(tok):
     """(host, path without trailing '/') of an http(s) URL token, else None."""
-    if not tok.lower().startswith(("http://", "https://")):
-        return None
+    if not tok.lower().startswith(("http://", "https://")): return None
     try:
         parts = urllib.parse.urlsplit(tok)
-        host = parts.hostname
-    except ValueError:
-        return None
-    return (host, parts.path.rstrip("/")) if host else None
-
+        return (parts.hostname, parts.path.rstrip("/")) if parts.hostname else None
+    except ValueError: return None
 
 def _pathish(tok):
-    """A token that names a file: has a known extension, or is clearly a path (./x, /x, ~/x, a/b/c)."""
-    if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]:
-        return False
+    """A token that names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)."""
+    if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]: return False
     base = tok.rsplit("/", 1)[-1]
     name, dot, ext = base.rpartition(".")
-    if dot and ext.lower() in EXTENSIONS and (name or base.startswith(".")) and not _digits(name):
-        return True
+    if dot and ext.lower() in EXTENSIONS and (name or base.startswith(".")) and not _digits(name): return True
     return "/" in tok and bool(base) and (tok.startswith(("/", "./", "~/")) or tok.count("/") >= 2)
-
 
 def _suffix_of(claimed, path):
     """True when claimed equals path or is a whole-component suffix of it (a.py never matches data.py)."""
     return bool(claimed) and (path == claimed or path.endswith("/" + claimed))
-
-
 def _claim_ids(low):
     """Explicit identifiers: id=N, id N, #N, NAME_id N, and a noun followed by a number (user 12345)."""
     ids = set()
     for i, t in enumerate(low):
         nxt = low[i + 1] if i + 1 < len(low) else ""
-        if t.startswith("#") and _digits(t[1:]) and len(t) <= 19:
-            ids.add(str(int(t[1:])))
-        elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21:
-            ids.add(str(int(t[3:])))
+        if t.startswith("#") and _digits(t[1:]) and len(t) <= 19: ids.add(str(int(t[1:])))
+        elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21: ids.add(str(int(t[3:])))
         elif _digits(nxt) and len(nxt) <= 18 and (t == "id" or t.endswith("_id") or (
                 t.isalpha() and len(t) >= 3 and t not in _STOP and t not in _NOT_ID and t not in _ALL_VERBS)):
             ids.add(str(int(nxt)))
     return ids
 
-
 def _claim_count(low, verbs):
-    """The number right after an action verb ('deleted 10 sessions'), else None."""
+    """The integer right after an action verb ('deleted 10 sessions', 'removed all 3'), else None."""
     for i, t in enumerate(low):
-        if t in verbs:
-            j = i + 1
-            while j < len(low) and low[j] in ("the", "all", "exactly", "only"):
-                j += 1
-            n = _number(low[j]) if j < len(low) else None
-            if isinstance(n, int):
-                return n
+        j = i + 1
+        while t in verbs and j < len(low) and low[j] in ("the", "all", "exactly", "only"):
+            j += 1
+        n = _number(low[j]) if t in verbs and j < len(low) else None
+        if isinstance(n, int): return n
     return None
-
 
 def _head_paths(rest):
     """(old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes."""
-    rest = rest.strip()
-    if rest.startswith("a/") and " b/" in rest:
-        i = rest.find(" b/")
-        return rest[2:i], rest[i + 3:]
-    half = len(rest) // 2
-    if len(rest) % 2 == 1 and rest[:half] == rest[half + 1:]:
-        return rest[:half], rest[:half]
+    rest, half = rest.strip(), len(rest.strip()) // 2
+    if rest.startswith("a/") and " b/" in rest: return rest[2:rest.find(" b/")], rest[rest.find(" b/") + 3:]
+    if len(rest) % 2 == 1 and rest[:half] == rest[half + 1:]: return rest[:half], rest[:half]
     old, _, new = rest.partition(" ")
     return old, new or old
-
 
 def _header_path(value):
     value = value.split("\t", 1)[0].rstrip()  # diff -u appends a tab and a timestamp
     return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
-
-
+def _unprefix(old, new):
+    if (old.startswith("a/") or old == "/dev/null") and (new.startswith("b/") or new == "/dev/null"):
+        return tuple(p[2:] if p[1:2] == "/" else p for p in (old, new))  # git's a/ b/ prefixes
+    return old, new
+def _new_file(files, old, new):
+    files.append({"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False})
+    return files[-1]
 def parse_diff(text):
     """Parse unified diff text (git, plain diff -u, --no-prefix). Returns (files, changed_lines): each file
     {old, new, status, added, removed, binary}; changed_lines are the added and removed lines' text."""
-    files, changed, cur = [], [], None
-    old_left = new_left = 0
-    pending_minus = None
+    files, changed, cur, git, minus, old_left, new_left = [], [], None, False, None, 0, 0
     for line in text.split("\n"):
-        if old_left > 0 or new_left > 0:
+        if old_left > 0 or new_left > 0:  # inside a hunk, counted by its header
             c = line[:1]
-            if c == "+":
-                cur["added"] += 1
-                new_left -= 1
+            if c in ("+", "-"):
+                cur["added" if c == "+" else "removed"] += 1
+                old_left, new_left = (old_left, new_left - 1) if c == "+" else (old_left - 1, new_left)
                 changed.append(line[1:])
                 continue
-            if c == "-":
-                cur["removed"] += 1
-                old_left -= 1
-                changed.append(line[1:])
-                continue
-            if c == " " or line in ("", "\r"):
-                old_left -= 1
-                new_left -= 1
-                continue
-            if c == "\\":
+            if c in (" ", "\\") or line in ("", "\r"):
+                old_left, new_left = (old_left, new_left) if c == "\\" else (old_left - 1, new_left - 1)
                 continue
             old_left = new_left = 0  # a short hunk: read the line as a header
         line = line.rstrip("\r")
-        if line.startswith("diff --git "):
-            old, new = _head_paths(line[11:])
-            cur = {"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False, "git": True}
-            files.append(cur)
-        elif line.startswith("--- "):
-            pending_minus = _header_path(line[4:])
-        elif line.startswith("+++ ") and pending_minus is not None:
-            old, new = pending_minus, _header_path(line[4:])
-            pending_minus = None
-            if (old.startswith("a/") or old == "/dev/null") and (new.startswith("b/") or new == "/dev/null"):
-                old, new = (p[2:] if p[1:2] == "/" else p for p in (old, new))  # git's a/ b/ prefixes
-            if cur is None or not cur.pop("git", False):
-                cur = {"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False}
-                files.append(cur)
-            else:
-                cur["old"], cur["new"] = old, new
-            if old == "/dev/null":
-                cur["status"], cur["old"] = "added", cur["new"]
-            elif new == "/dev/null":
-                cur["status"], cur["new"] = "deleted", cur["old"]
+        if line.startswith("diff --git "): cur, git = _new_file(files, *_head_paths(line[11:])), True
+        elif line.startswith("--- "): minus = _header_path(line[4:])
+        elif line.startswith("+++ ") and minus is not None:
+            old, new = _unprefix(minus, _header_path(line[4:]))
+            cur = cur if git else _new_file(files, old, new)
+            cur["old"], cur["new"], git, minus = old, new, False, None
+            if "/dev/null" in (old, new):
+                cur["status"], cur["old"], cur["new"] = ("added", new, new) if old == "/dev/null" else ("deleted", old, old)
         elif line.startswith("@@ "):
-            parts = line.split(" ")
-            if cur is None:
-                cur = {"old": "", "new": "", "status": "modified", "added": 0, "removed": 0, "binary": False}
-                files.append(cur)
-            cur.pop("git", None)
-            try:
-                o, n = parts[1][1:].partition(",")[2] or "1", parts[2][1:].partition(",")[2] or "1"
-                old_left, new_left = (int(o), int(n)) if len(o) < 10 and len(n) < 10 else (0, 0)
-            except (IndexError, ValueError):
-                old_left = new_left = 0
-        elif cur is not None and line.startswith(("new file mode", "deleted file mode", "rename from ",
-                                                  "rename to ", "GIT binary patch")):
-            if line.startswith("new"):
-                cur["status"] = "added"
-            elif line.startswith("deleted"):
-                cur["status"] = "deleted"
-            elif line.startswith("GIT"):
-                cur["binary"] = True
-            elif line.startswith("rename from "):
-                cur["status"], cur["old"] = "renamed", line[12:]
-            else:
-                cur["status"], cur["new"] = "renamed", line[10:]
+            cur, git = cur if cur is not None else _new_file(files, "", ""), False
+            counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
+            old_left, new_left = [int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]]
+        elif cur is not None and line.startswith(("new file mode", "deleted file mode")):
+            cur["status"] = "added" if line[0] == "n" else "deleted"
+        elif cur is not None and line.startswith("rename from "): cur["status"], cur["old"] = "renamed", line[12:]
+        elif cur is not None and line.startswith("rename to "): cur["status"], cur["new"] = "renamed", line[10:]
+        elif cur is not None and line.startswith("GIT binary patch"): cur["binary"] = True
         elif line.startswith("Binary files ") and line.endswith(" differ"):
-            old, _, new = line[13:-7].partition(" and ")
-            if cur is None or not cur.pop("git", False):
-                cur = {"old": old[2:] if old.startswith("a/") else old, "new": new[2:] if new.startswith("b/") else new,
-                       "status": "modified", "added": 0, "removed": 0, "binary": True}
-                files.append(cur)
-            cur["binary"] = True
-    for f in files:
-        f.pop("git", None)
+            cur = cur if git else _new_file(files, *_unprefix(*line[13:-7].partition(" and ")[::2]))
+            cur["binary"], git = True, False
     return files, changed
 
-
 def _code_tokens(lines):
-    """Every identifier-like token of code lines, with the dotted sub-chains of short chains (a.b.c -> a.b, b.c)."""
+    """Identifier-like tokens of code lines, with the dotted sub-chains of short chains (a.b.c -> a.b, b.c)."""
     out = set()
     for t in set(_CODE_TOKEN.findall("\n".join(lines))):
-        t = t.strip(".")
-        out.add(t)
-        parts = t.split(".")
-        if len(parts) <= 8:
-            for i in range(len(parts)):
-                for j in range(i + 1, len(parts) + 1):
-                    out.add(".".join(parts[i:j]))
-        else:
-            out.update(parts)
+        parts = t.strip(".").split(".")
+        out.add(t.strip("."))
+        out.update(parts if len(parts) > 8 else (".".join(parts[i:j]) for i in range(len(parts))
+                                                  for j in range(i + 1, len(parts) + 1)))
     return out
-
-
-def _code_words(lines):
-    out = set()
-    for w in set(_CODE_WORD.findall("\n".join(lines))):
-        out.update(_variants(w.lower()))
-    return out
-
 
 def judge_code_diff(claim, ev):
     """Rules for {diff}: claimed paths, identifiers and action against the parsed diff."""
     files, changed = parse_diff(ev["diff"])
-    if len(files) > BOUNDS["diff_files"]:
-        return ["evidence_too_large"], {}
+    if len(files) > BOUNDS["diff_files"]: return ["evidence_too_large"], {}
     index = {}  # every whole-component suffix of every diff path -> file numbers
     for i, f in enumerate(files):
         for p in {f["old"], f["new"]} - {"", "/dev/null"}:
@@ -516,37 +346,27 @@ def judge_code_diff(claim, ev):
                           "removed": f["removed"], "binary": f["binary"]} for f in files[:100]],
                "files_changed": len(files), "lines_added": sum(f["added"] for f in files),
                "lines_removed": sum(f["removed"] for f in files)}
-    if not files:
-        return ["diff_no_changes"], details
+    if not files: return ["diff_no_changes"], details
     backticked = {t for span in claim.split("`")[1::2] for t in _tokens(span)} if claim.count("`") >= 2 else set()
-    claimed, idents, words = [], set(), []
     toks = _tokens(claim)
-    for t in toks:
+    low = [t.lower() for t in toks]
+    claimed, idents, words, codes, named = [], set(), [], [], set()
+    for t in toks:  # named paths first, so old_api.py is a path and never an identifier
         c = t[2:] if t.startswith("./") else t
-        if c in index or _pathish(c):
-            claimed.append(c)
-        elif _email(t) or _url(t):
-            continue
-        elif _identifier(t, t in backticked):
-            idents.add(t)
+        if c in index or _pathish(c): claimed.append(c)
+        elif not (_email(t) or _url(t)) and _identifier(t, t in backticked): idents.add(t)
         elif t.isalpha() and len(t) >= 4 and t.lower() not in _STOP and t.lower() not in _ALL_VERBS:
             words.append(t.lower())
-    codes, named = [], set()
     if claimed:
         hits = [c for c in claimed if c in index]
-        for c in hits:
-            named |= index[c]
+        named = set().union(*(index[c] for c in hits))
         codes.append("path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed)
                      else "path_in_diff")
     if idents:
-        have = _code_tokens(changed)
-        codes.append("identifier_in_changed_lines" if all(i in have for i in idents)
-                     else "identifier_not_in_changed_lines")
-    elif words:
-        have = _code_words(changed)
-        if not any(v in have for w in words for v in _variants(w)):
-            codes.append("content_words_absent")
-    low = [t.lower() for t in toks]
+        codes.append("identifier_in_changed_lines" if idents <= _code_tokens(changed) else "identifier_not_in_changed_lines")
+    elif words:  # content words matter only when the claim names no identifier
+        have = {v for w in set(_CODE_WORD.findall("\n".join(changed))) for v in _variants(w.lower())}
+        if not any(v in have for w in words for v in _variants(w)): codes.append("content_words_absent")
     classes = {_CODE_VERBS[w] for w in low if w in _CODE_VERBS}
     scope = [files[i] for i in sorted(named)] if named else files
     added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
@@ -554,39 +374,24 @@ def judge_code_diff(claim, ev):
         need = {"add": added > 0, "check": added > 0, "remove": removed > 0 or any(f["status"] == "deleted" for f in scope),
                 "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope)}
         codes.append("action_matches_lines" if all(need[c] for c in classes) else "action_mismatch_lines")
-        deletes_file = any(w in _CODE_VERBS and _CODE_VERBS[w] == "remove" and "file" in low[i + 1:i + 3]
-                           for i, w in enumerate(low))
-        if deletes_file and named:
+        if named and any(_CODE_VERBS.get(w) == "remove" and "file" in low[i + 1:i + 3] for i, w in enumerate(low)):
             codes.append("file_deleted" if all(f["status"] == "deleted" for f in scope) else "file_not_deleted")
     if named and len(named) < len(files):
         total = sum(f["added"] + f["removed"] for f in files)
-        elsewhere = total - added - removed
-        codes.append("changes_mostly_elsewhere" if elsewhere * 2 > total else "unnamed_files_changed")
+        codes.append("changes_mostly_elsewhere" if (total - added - removed) * 2 > total else "unnamed_files_changed")
     details.update(claimed_paths=claimed[:50], identifiers=sorted(idents)[:50], actions=sorted(classes))
     return codes, details
 
-
 def _strip_sql(sql):
-    """SQL with string literals, quoted names and comments blanked (one pass of str.find: linear)."""
+    """SQL with string literals, quoted names and comments blanked, in one forward pass (linear)."""
     out, i = [], 0
     while True:
         m = _SQL_SKIP.search(sql, i)
-        if not m:
-            out.append(sql[i:])
-            return " ".join(out)
-        out.append(sql[i:m.start()])
-        tok = m.group()
-        if tok == "--":
-            end = sql.find("\n", m.end())
-        elif tok == "/*":
-            end = sql.find("*/", m.end())
-            end = end + 1 if end >= 0 else -1
-        else:
-            end = sql.find(tok, m.end())
-        if end < 0:
-            return " ".join(out)
-        i = end + 1
-
+        out.append(sql[i:m.start() if m else len(sql)])
+        end = {"--": "\n", "/*": "*/"}.get(m.group(), m.group()) if m else ""
+        j = sql.find(end, m.end()) if m else -1
+        if j < 0: return " ".join(out)
+        i = j + len(end)
 
 def sql_facts(sql):
     """(statement class, identifiers compared in WHERE) of the first SQL statement. Classes: read, insert,
@@ -594,41 +399,27 @@ def sql_facts(sql):
     toks = _SQL_TOKEN.findall(_strip_sql(sql))
     kinds = {"SELECT": "read", "INSERT": "insert", "UPDATE": "update", "DELETE": "delete", "TRUNCATE": "delete",
              "MERGE": "merge", "REPLACE": "merge", "UPSERT": "merge"}
-    kind, depth, start, end = None, 0, 0, len(toks)
-    first = toks[0].upper() if toks else ""
+    kind, depth, start, end, first = None, 0, 0, len(toks), toks[0].upper() if toks else ""
     for i, t in enumerate(toks):
-        if t == "(":
-            depth += 1
-        elif t == ")":
-            depth -= 1
-        elif t == ";" and depth <= 0:
+        depth += (t == "(") - (t == ")")
+        if t == ";" and depth <= 0:
             end = i
             break
-        elif kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in kinds:
-            kind, start = kinds[t.upper()], i
-    if kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end]):
-        kind = "merge"
+        if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in kinds:
+            kind, start = kinds[t.upper()], i  # after WITH, the first statement keyword outside parentheses
+    if kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end]): kind = "merge"
     ids, where = set(), False
+    num = lambda j: str(int(toks[j])) if start <= j < end and _digits(toks[j]) and len(toks[j]) <= 18 else None
     for i in range(start, end):
-        t = toks[i]
-        if not where:
-            where = t.upper() == "WHERE"
+        col, where = toks[i].rsplit(".", 1)[-1].lower(), where or toks[i].upper() == "WHERE"
+        if not where or not (col == "id" or col.endswith("_id") or toks[i].endswith("Id")): continue
+        if [t.upper() for t in toks[i + 1:i + 3]] == ["IN", "("]:
+            stop = next((j for j in range(i + 3, min(end, i + 1003)) if toks[j] == ")"), end)
+            ids.update(filter(None, map(num, range(i + 3, stop))))
             continue
-        col = t.rsplit(".", 1)[-1]
-        if not (col.lower() == "id" or col.lower().endswith("_id") or col.endswith("Id")):
-            continue
-        if toks[i + 1:i + 2] == ["="] and i + 2 < end and _digits(toks[i + 2]) and len(toks[i + 2]) <= 18:
-            ids.add(str(int(toks[i + 2])))
-        elif i >= 2 and toks[i - 1] == "=" and _digits(toks[i - 2]) and len(toks[i - 2]) <= 18:
-            ids.add(str(int(toks[i - 2])))
-        elif i + 2 < end and toks[i + 1].upper() == "IN" and toks[i + 2] == "(":
-            j = i + 3
-            while j < end and toks[j] != ")" and len(ids) < 1000:
-                if _digits(toks[j]) and len(toks[j]) <= 18:
-                    ids.add(str(int(toks[j])))
-                j += 1
+        ids.update(n for n in (num(i + 2) if toks[i + 1:i + 2] == ["="] else None,
+                               num(i - 2) if toks[i - 1:i] == ["="] else None) if n)
     return kind, ids
-
 
 def judge_db_op(claim, ev):
     """Rules for {before_count, after_count, operation, affected_rows}: verb vs SQL kind vs row delta."""
@@ -639,89 +430,56 @@ def judge_db_op(claim, ev):
     delta = after - before if before is not None and after is not None else None
     skind, sql_ids = sql_facts(op) if op is not None else (None, set())
     claimed = min(writes) if len(writes) == 1 else "read" if classes == {"read"} else None
+    count, codes = _claim_count(low, _DB_VERBS), []
     details = {"claimed_action": claimed, "sql_kind": skind, "row_delta": delta, "affected_rows": aff,
-               "sql_identifiers": sorted(sql_ids)[:50]}
-    if len(writes) > 1:
-        return ["conflicting_verbs"], details
-    codes = []
+               "sql_identifiers": sorted(sql_ids)[:50], "claimed_count": count}
+    if len(writes) > 1: return ["conflicting_verbs"], details
     if claimed and skind and skind != "merge":
         codes.append("sql_kind_matches" if skind == claimed else "sql_kind_conflicts" if skind == "read"
                      else "sql_kind_mismatch")
     if claimed and delta is not None:
         fits = {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}[claimed]
         codes.append("row_delta_matches" if fits else "row_delta_mismatch")
-    if writes and aff is not None:  # consistency needs a second field: the row delta
-        if aff == 0:
-            codes.append("affected_rows_zero")
-        elif delta is not None and claimed in ("delete", "insert"):
-            codes.append("affected_rows_consistent" if aff == abs(delta) else "affected_rows_mismatch")
-        elif delta == 0 and claimed == "update":
-            codes.append("affected_rows_consistent")
-    count = _claim_count(low, _DB_VERBS)
-    known = {aff} if aff is not None else set()
-    if delta is not None and claimed in ("delete", "insert"):
-        known.add(abs(delta))
-    if count is not None and known:
-        codes.append("count_matches" if count in known else "count_mismatch")
+    if writes and aff == 0: codes.append("affected_rows_zero")
+    elif writes and aff is not None and delta is not None and claimed != "update":  # consistency needs two fields
+        codes.append("affected_rows_consistent" if aff == abs(delta) else "affected_rows_mismatch")
+    elif claimed == "update" and aff is not None and delta == 0: codes.append("affected_rows_consistent")
+    known = ({aff} if aff is not None else set()) | ({abs(delta)} if delta is not None and claimed != "update" else set())
+    if count is not None and known: codes.append("count_matches" if count in known else "count_mismatch")
     ids = _claim_ids(low)
-    if ids and sql_ids:
-        codes.append("sql_identifier_matches" if ids <= sql_ids else "sql_identifier_mismatch")
-    details["claimed_count"] = count
+    if ids and sql_ids: codes.append("sql_identifier_matches" if ids <= sql_ids else "sql_identifier_mismatch")
     return codes, details
-
 
 def _quantities(toks):
     """(line counts, sizes in bytes) stated in the claim: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'."""
     lines, sizes = [], []
     for i, t in enumerate(toks):
-        if len(t) > 32:
-            continue
-        j = 0
-        while j < len(t) and (t[j].isdigit() or t[j] in ".,"):
-            j += 1
-        n = _number(t[:j]) if j else None
-        if n is None:
-            continue
-        unit = t[j:].lower() or (toks[i + 1].lower() if i + 1 < len(toks) else "")
-        if unit in ("line", "lines") and isinstance(n, int):
-            lines.append(n)
-        elif unit in _SIZE_UNITS:
-            sizes.append(n * _SIZE_UNITS[unit])
+        j = len(t) - len(t.lstrip("0123456789.,")) if len(t) <= 32 else 0
+        n, unit = _number(t[:j]) if j else None, (t[j:] or (toks[i + 1] if i + 1 < len(toks) else "")).lower()
+        if n is not None and unit in ("line", "lines") and isinstance(n, int): lines.append(n)
+        elif n is not None and unit in _SIZE_UNITS: sizes.append(n * _SIZE_UNITS[unit])
     return lines, sizes
-
 
 def judge_file_op(claim, ev):
     """Rules for {path, exists_before, exists_after, line_count?, size_bytes?, new_path?}."""
     toks = _tokens(claim)
-    low = [t.lower() for t in toks]
     path, new = ev["path"], ev.get("new_path")
-    classes = {_FILE_VERBS[w] for w in low if w in _FILE_VERBS}
-    if len(classes) > 1:
-        classes.discard("write")
+    classes = {_FILE_VERBS[w] for w in (t.lower() for t in toks) if w in _FILE_VERBS}
+    classes -= {"write"} if len(classes) > 1 else set()
     verb = min(classes) if len(classes) == 1 else None
     details = {"claimed_action": verb, "path": path, "new_path": new}
-    if len(classes) > 1:
-        return ["conflicting_verbs"], details
-    codes, claimed = [], []
-    for t in toks:
-        c = t[2:] if t.startswith("./") else t
-        if _pathish(c) or _suffix_of(c, path) or (new and _suffix_of(c, new)):
-            claimed.append(c)
-    bad = [c for c in claimed if not (_suffix_of(c, path) or (new and _suffix_of(c, new)))]
+    if len(classes) > 1: return ["conflicting_verbs"], details
+    codes, match = [], lambda c: _suffix_of(c, path) or bool(new and _suffix_of(c, new))
+    claimed = [c for c in (t[2:] if t.startswith("./") else t for t in toks) if _pathish(c) or match(c)]
+    bad = [c for c in claimed if not match(c)]
     if verb == "rename" and not new and len(bad) == 1 < len(claimed):
         bad = []  # the one unmatched path is the destination, which the evidence does not give
-    if claimed:
-        codes.append("path_mismatch" if bad else "path_matches")
-    if verb == "rename" and not new:
-        codes.append("new_path_missing")
+    if claimed: codes.append("path_mismatch" if bad else "path_matches")
+    if verb == "rename" and not new: codes.append("new_path_missing")
     elif verb:
         want_before, want_after = _FILE_STATES[verb]
-        if ev["exists_after"] != want_after:
-            codes.append("end_state_mismatch")
-        elif want_before is not None and ev["exists_before"] != want_before:
-            codes.append("start_state_mismatch")
-        else:
-            codes.append("existence_matches")
+        codes.append("end_state_mismatch" if ev["exists_after"] != want_after else "start_state_mismatch"
+                     if want_before is not None and ev["exists_before"] != want_before else "existence_matches")
     lines, sizes = _quantities(toks)
     if lines and ev.get("line_count") is not None:
         actual, off = ev["line_count"], abs(lines[0] - ev["line_count"])
@@ -734,20 +492,7 @@ def judge_file_op(claim, ev):
     details.update(claimed_paths=claimed[:50], claimed_lines=lines[:1], claimed_bytes=sizes[:1])
     return codes, details
 
-
-def _intent(low):
-    """'success', 'failure' or None from the claim's words; 'was not sent' is a failure."""
-    ok = fail = False
-    for i, w in enumerate(low):
-        if w in _OK_WORDS:
-            if _NEGATION & set(low[max(0, i - 2):i]):
-                fail = True
-            else:
-                ok = True
-        elif w in _FAIL_WORDS:
-            fail = True
-    return "success" if ok and not fail else "failure" if fail and not ok else None
-
+_outcome = lambda ok, fail: "success" if ok and not fail else "failure" if fail and not ok else None
 
 def _body_outcome(body):
     """'success', 'failure' or None, judged structurally for JSON and by whole words for other text."""
@@ -756,199 +501,109 @@ def _body_outcome(body):
             body = strict_loads(body.encode("utf-8"))
         except (ValueError, UnicodeError):
             words = set(_ALPHA.findall(body.lower()))
-            ok, fail = bool(words & _STATUS_OK), bool(words & _STATUS_FAIL)
-            return "success" if ok and not fail else "failure" if fail and not ok else None
-    if not isinstance(body, dict):
-        return None
-    votes = set()
-    for key in ("ok", "success"):
-        if isinstance(body.get(key), bool):
-            votes.add("success" if body[key] else "failure")
-    status = body.get("status")
-    if isinstance(status, str):
-        s = status.strip().lower()
-        votes.add("success" if s in _STATUS_OK else "failure" if s in _STATUS_FAIL else "")
-    if body.get("error") not in (None, False):
+            return _outcome(words & _STATUS_OK, words & _STATUS_FAIL)
+    if not isinstance(body, dict): return None
+    votes = {("success" if body[k] else "failure") for k in ("ok", "success") if isinstance(body.get(k), bool)}
+    status = body.get("status").strip().lower() if isinstance(body.get("status"), str) else ""
+    votes |= {"success"} if status in _STATUS_OK else {"failure"} if status in _STATUS_FAIL else set()
+    if body.get("error") not in (None, False) or (isinstance(body.get("errors"), (list, dict)) and body["errors"]):
         votes.add("failure")
-    if isinstance(body.get("errors"), (list, dict)) and body["errors"]:
-        votes.add("failure")
-    votes.discard("")
     return votes.pop() if len(votes) == 1 else None
 
-
-def _targets(toks, low):
-    emails = {e for e in map(_email, toks) if e}
-    urls = {u for u in map(_url, toks) if u}
-    return emails, urls, _claim_ids(low)
-
-
+def _targets(toks):
+    return ({e for e in map(_email, toks) if e}, {u for u in map(_url, toks) if u},
+            _claim_ids([t.lower() for t in toks]))
 def judge_api_call(claim, ev):
     """Rules for {request, response_status, response_body}: intent vs status class and body; targets vs request."""
     toks = _tokens(claim)
     low = [t.lower() for t in toks]
-    intent, status = _intent(low), ev["response_status"]
-    body = _body_outcome(ev.get("response_body"))
+    negated = [w in _OK_WORDS and bool(_NEGATION & set(low[max(0, i - 2):i])) for i, w in enumerate(low)]
+    intent = _outcome(any(w in _OK_WORDS and not n for w, n in zip(low, negated)),
+                      any(n or w in _FAIL_WORDS for w, n in zip(low, negated)))  # 'was not sent' is a failure
+    status, body, codes = ev["response_status"], _body_outcome(ev.get("response_body")), []
     details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
-    codes = []
-    if intent and status >= 400:
-        codes.append("status_matches_claim" if intent == "failure" else "status_failure")
-    elif intent and 200 <= status < 300:
-        codes.append("status_matches_claim" if intent == "success" else "status_contradicts_failure_claim")
+    if intent and (status >= 400 or 200 <= status < 300):
+        codes.append("status_matches_claim" if (status < 400) == (intent == "success") else "status_failure"
+                     if intent == "success" else "status_contradicts_failure_claim")
     if intent and body:
         codes.append("body_matches_claim" if body == intent else "body_failure" if body == "failure"
                      else "body_contradicts_failure_claim")
     req = ev.get("request")
-    rtext = req if isinstance(req, str) else json.dumps(req, ensure_ascii=False) if req is not None else ""
-    rtoks = _tokens(rtext)
-    r_emails, r_urls, r_ids = _targets(rtoks, [t.lower() for t in rtoks])
+    r_emails, r_urls, r_ids = _targets(_tokens(req if isinstance(req, str) else json.dumps(req, ensure_ascii=False)))
     r_ids |= {seg for _, p in r_urls for seg in p.split("/") if _digits(seg) and len(seg) <= 18}
-    c_emails, c_urls, c_ids = _targets(toks, low)
-    results = []
-    for claimed, have, same in ((c_emails, r_emails, None), (c_ids, r_ids, None), (c_urls, r_urls, "url")):
+    results = set()
+    for claimed, have, is_url in zip(_targets(toks), (r_emails, r_urls, r_ids), (False, True, False)):
         for c in claimed:
-            if same:
-                hit = any(h == c[0] and (not c[1] or p == c[1]) for h, p in have)
-            else:
-                hit = c in have
-            results.append("target_matches" if hit else "target_mismatch" if have else "target_not_in_request")
-    for code in ("target_mismatch", "target_not_in_request", "target_matches"):
-        if code in results:
-            codes.append(code)
-            break
+            hit = any(h == c[0] and (not c[1] or p == c[1]) for h, p in have) if is_url else c in have
+            results.add("target_matches" if hit else "target_mismatch" if have else "target_not_in_request")
+    codes += [c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results][:1]
     return codes, details
 
-
 def _json_values(text, key):
-    """Scalar values (as JSON text) of every member named key in JSON text from json.dumps."""
-    out, needle, i = [], _encode_str(key) + ": ", 0
-    while len(out) < 100:
-        i = text.find(needle, i)
-        if i < 0:
-            break
-        i += len(needle)
-        if text[i - len(needle) - 1:i - len(needle)] == "\\":
-            continue
-        if text[i:i + 1] == '"':
-            j = i + 1
-            while True:
-                j = text.find('"', j)
-                if j < 0 or text[j - 1] != "\\":
-                    break
-                j += 1
-            if j > 0:
-                out.append(text[i + 1:j])
-        elif text[i:i + 1] not in ("{", "["):
-            j = i
-            while j < len(text) and text[j] not in ",}]":
-                j += 1
-            out.append(text[i:j])
-    return out
-
-
+    """Scalar values (as JSON text, strings unquoted) of members named key, in text made by json.dumps."""
+    found = re.finditer(r'(?<!\\)%s: ("[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]]*)' % re.escape(_encode_str(key)), text)
+    return [v[1:-1] if v[:1] == '"' else v for v in (m.group(1) for m in found) if v][:100]
 def judge_generic(claim, ev):
     """Conservative rules for any evidence: distinct entity matches, and explicit KEY is/was/=/: VALUE conflicts."""
     text = json.dumps(ev, ensure_ascii=False).lower()  # ": " keeps values apart from their keys
-    have = set(_TOKEN.findall(text))
-    raw = _TOKEN.findall(claim)
-    toks = [t.rstrip(".,:!?*").lstrip(",*:!?") for t in raw]
-    ents = set()
+    have, raw = set(_TOKEN.findall(text)), _TOKEN.findall(claim)
+    toks, ents = [_strip(t) for t in raw], set()
     for t in toks:
         n = _number(t)
-        if n is not None:
-            ents.add(_es_number(n))
-        elif t and t.lower() not in ("true", "false", "null") and (
-                _email(t) or _url(t) or _pathish(t) or _identifier(t, False)):
-            ents.add(t.lower())
-    matched = sorted(e for e in ents if any(e + s in have for s in ("", ".", ",", ":", "/", "!", "?")))
+        if n is not None or (t.lower() not in ("true", "false", "null") and (
+                _email(t) or _url(t) or _pathish(t) or _identifier(t))):
+            ents.add(_es_number(n) if n is not None else t.lower())
+    matched = [e for e in ents if any(e + s in have for s in ("", ".", ",", ":", "/", "!", "?"))]
     codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
-    fillers = {"not", "no", "now", "still", "also", "the", "a", "an", "being", "set", "already", "very", "currently"}
+    fillers, found = {"not", "no", "now", "still", "also", "the", "a", "an", "being", "set", "already", "currently"}, {}
     for i, t in enumerate(raw[:-1]):
-        key, val = None, None
-        if t.endswith(":") and len(t) > 1:
-            key, val = t[:-1], toks[i + 1]
-        elif i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were"):
-            key, val = toks[i], toks[i + 2]
-        elif "=" in t.strip("="):
-            key, _, val = t.partition("=")
-            val = val.rstrip(".,:!?*")
+        key = val = None
+        if t.endswith(":") and len(t) > 1: key, val = t[:-1], toks[i + 1]
+        elif i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were"): key, val = toks[i], toks[i + 2]
+        elif "=" in t.strip("="): key, val = t.partition("=")[0], _strip(t.partition("=")[2])
         if not key or not val or val.lower() in fillers or not key.replace("_", "a").replace("-", "a").isalnum():
             continue
-        found = _json_values(text, key.lower()[:64])
-        val = val.lower()
-        num = _number(val)
-        comparable = [v for v in found if (_number(v) is not None) == (num is not None)]
-        if comparable:
-            same = any(v == val or (num is not None and _es_number(_number(v)) == _es_number(num)) for v in comparable)
+        key, val, num = key.lower()[:64], val.lower(), _number(val)
+        if key not in found and len(found) < 32:  # each distinct key scans the text once; at most 32 keys
+            found[key] = _json_values(text, key)
+        same_type = [v for v in found.get(key, ()) if (_number(v) is not None) == (num is not None)]
+        if same_type:  # a number is only compared with numbers, a word with strings and literals
+            same = any(v == val or (num is not None and _es_number(_number(v)) == _es_number(num)) for v in same_type)
             codes.append("explicit_value_match" if same else "explicit_value_conflict")
     return codes, {"entities_matched": len(matched)}
 
-
-def _count_ok(v):
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
-
+_COUNT = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
+_STR, _BOOL = lambda v: isinstance(v, str) and v != "", lambda v: isinstance(v, bool)
+# kind -> ({field: (type check, length bound)}, groups of fields: the evidence needs one complete group)
+EVIDENCE = {
+    "code_diff": ({"diff": (lambda v: isinstance(v, str), "diff_chars")}, [("diff",)]),
+    "db_op": ({"before_count": (_COUNT, None), "after_count": (_COUNT, None), "affected_rows": (_COUNT, None),
+               "operation": (_STR, "operation_chars")}, [("before_count", "after_count"), ("affected_rows",), ("operation",)]),
+    "file_op": ({"path": (_STR, "path_chars"), "new_path": (_STR, "path_chars"), "exists_before": (_BOOL, None),
+                 "exists_after": (_BOOL, None), "line_count": (_COUNT, None), "size_bytes": (_COUNT, None)},
+                [("path", "exists_before", "exists_after")]),
+    "api_call": ({"response_status": (lambda v: _COUNT(v) and 100 <= v <= 599, None),
+                  "request": (lambda v: isinstance(v, (str, dict)), "request_chars")}, [("response_status",)]),
+    "generic": ({}, [()])}
 
 def check_evidence(kind, ev):
-    """A reason code when evidence cannot be judged as this kind (missing, wrong type, too large), else None."""
-    if kind == "code_diff":
-        d = ev.get("diff")
-        return ("evidence_missing_fields" if d is None else "evidence_invalid" if not isinstance(d, str)
-                else "evidence_too_large" if len(d) > BOUNDS["diff_chars"] else None)
-    if kind == "db_op":
-        for k in ("before_count", "after_count", "affected_rows"):
-            if ev.get(k) is not None and not _count_ok(ev[k]):
-                return "evidence_invalid"
-        op = ev.get("operation")
-        if op is not None and not isinstance(op, str):
-            return "evidence_invalid"
-        if op is not None and len(op) > BOUNDS["operation_chars"]:
-            return "evidence_too_large"
-        has_counts = ev.get("before_count") is not None and ev.get("after_count") is not None
-        return None if has_counts or ev.get("affected_rows") is not None or op is not None else "evidence_missing_fields"
-    if kind == "file_op":
-        for k in ("path", "new_path"):
-            v = ev.get(k)
-            if v is not None and (not isinstance(v, str) or not v):
-                return "evidence_invalid"
-            if v is not None and len(v) > BOUNDS["path_chars"]:
-                return "evidence_too_large"
-        for k in ("exists_before", "exists_after"):
-            if ev.get(k) is not None and not isinstance(ev[k], bool):
-                return "evidence_invalid"
-        for k in ("line_count", "size_bytes"):
-            if ev.get(k) is not None and not _count_ok(ev[k]):
-                return "evidence_invalid"
-        return None if all(ev.get(k) is not None for k in ("path", "exists_before", "exists_after")) \
-            else "evidence_missing_fields"
-    if kind == "api_call":
-        s, req = ev.get("response_status"), ev.get("request")
-        if s is not None and not (isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599):
-            return "evidence_invalid"
-        if req is not None and not isinstance(req, (str, dict)):
-            return "evidence_invalid"
-        if isinstance(req, str) and len(req) > BOUNDS["request_chars"]:
-            return "evidence_too_large"
-        return None if s is not None else "evidence_missing_fields"
-    return None
+    """A reason code when evidence cannot be judged as this kind (wrong type, too large, missing; null = absent)."""
+    fields, groups = EVIDENCE[kind]
+    for name, (ok, bound) in fields.items():
+        v = ev.get(name)
+        if v is not None and not ok(v): return "evidence_invalid"
+        if bound and isinstance(v, str) and len(v) > BOUNDS[bound]: return "evidence_too_large"
+    return None if any(all(ev.get(f) is not None for f in g) for g in groups) else "evidence_missing_fields"
 
-
-_JUDGES = {"code_diff": judge_code_diff, "db_op": judge_db_op, "file_op": judge_file_op,
-           "api_call": judge_api_call, "generic": judge_generic}
-
+_JUDGES = {"code_diff": judge_code_diff, "db_op": judge_db_op, "file_op": judge_file_op, "api_call": judge_api_call,
+           "generic": judge_generic}
+_SHAPES = (("code_diff", ("diff",)), ("db_op", ("before_count", "after_count", "affected_rows")),
+           ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
+           ("api_call", ("request", "response_status", "response_body")))
 
 def dispatch_kind(evidence, kind=None):
     """The kind to judge: the requested one (case-insensitive), else by evidence shape in a fixed order."""
-    if kind:
-        return kind.lower()
-    if "diff" in evidence:
-        return "code_diff"
-    for k, fields in (("db_op", ("before_count", "after_count", "affected_rows")),
-                      ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
-                      ("api_call", ("request", "response_status", "response_body"))):
-        if any(f in evidence for f in fields):
-            return k
-    return "generic"
-
-
+    return kind.lower() if kind else next((k for k, fs in _SHAPES if any(f in evidence for f in fs)), "generic")
 def judge(kind, claim, evidence):
     """Run one kind's rules; return (reason codes, details). Never raises: a rule failure is unsafe_to_verify."""
     try:
@@ -958,63 +613,41 @@ def judge(kind, claim, evidence):
         codes, details = ["verifier_error"], {}
     return codes or ["no_signal"], details
 
-
-# ---------------------------------------------------------------------------------------------------
-# §4 Receipts (pure given a key ring)
-# ---------------------------------------------------------------------------------------------------
-RECEIPT_FIELDS = collections.OrderedDict([
+# ---- §4 Receipts (pure given a key ring) -------------------------------------------------------------------------
+RECEIPT_FIELDS = collections.OrderedDict([  # field -> what it holds (GET /spec documents each)
     ("schema", "Always \"verify_action_receipt.v0\"."),
     ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8 bytes."),
     ("evidence_manifest_hash", "\"sha256:\" + hex SHA-256 of the RFC 8785 canonical JSON of evidence."),
-    ("request_hash", "\"sha256:\" + hex SHA-256 of the canonical JSON of the whole request object as received "
-                     "(for MCP, the tools/call arguments), binding kind, context and caller_context."),
-    ("verifier_id", "\"verify_action.py@<version>\"."),
-    ("verifier_method", "\"rule_based.<kind>\"."),
-    ("verdict", "The aar_verdict."),
-    ("confidence", "Confidence in the verdict, 0..1, 3 decimals."),
-    ("reason_codes", "Codes from GET /rules; never raw input."),
-    ("policy_or_oracle_refs", "List of strings; [] (no kind consults an oracle)."),
-    ("caller_context", "As received and validated; {} when absent."),
-    ("issued_at", "RFC 3339 UTC time, Z suffix."),
-    ("issued_by", "Set by the operator (--issuer); default verify_action.py."),
-    ("kid", "Key id of the signing key in the operator's key ring."),
-    ("signature", "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256 (key = the kid's key bytes) over the "
-                  "canonical JSON of the receipt without signature."),
-])
-
+    ("request_hash", "The same over the whole request object as received (for MCP, the tools/call arguments), "
+                     "binding kind, context and caller_context."),
+    ("verifier_id", "\"verify_action.py@<version>\"."), ("verifier_method", "\"rule_based.<kind>\"."),
+    ("verdict", "The aar_verdict."), ("confidence", "Confidence in the verdict, 0..1, 3 decimals."),
+    ("reason_codes", "Codes from GET /rules; never raw input."), ("policy_or_oracle_refs", "[]: no kind uses an oracle."),
+    ("caller_context", "As received and validated; {} when absent."), ("issued_at", "RFC 3339 UTC time, Z suffix."),
+    ("issued_by", "Set by the operator (--issuer)."), ("kid", "Key id of the signing key in the operator's key ring."),
+    ("signature", "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256, keyed by the kid's key, over the canonical "
+                  "JSON of the receipt without signature.")])
 
 class KeyRing(object):
     """HMAC keys by kid; the last key signs new receipts, every key verifies."""
 
     def __init__(self, pairs, ephemeral=False):
-        if not pairs:
-            raise ValueError("the key ring has no keys")
-        self.keys = collections.OrderedDict(pairs)
-        self.kid = pairs[-1][0]
-        self.ephemeral = ephemeral
+        if not pairs: raise ValueError("the key ring has no keys")
+        self.keys, self.kid, self.ephemeral = collections.OrderedDict(pairs), pairs[-1][0], ephemeral
 
     @classmethod
     def parse(cls, text):
         """Parse 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError."""
-        pairs, seen = [], set()
+        pairs = []
         for n, line in enumerate(text.splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) != 2 or not (0 < len(parts[0]) <= 64 and parts[0].replace("-", "a").replace(
-                    "_", "a").replace(".", "a").isalnum() and parts[0].isascii()):
-                raise ValueError("line %d: expected 'kid key'" % n)
+            parts = line.split("#", 1)[0].split()
             try:
-                key = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4))
-            except (ValueError, TypeError):
-                raise ValueError("line %d: the key is not base64url" % n)
-            if len(key) < 32:
-                raise ValueError("line %d: the key is shorter than 32 bytes" % n)
-            if parts[0] in seen:
-                raise ValueError("line %d: duplicate kid" % n)
-            seen.add(parts[0])
-            pairs.append((parts[0], key))
+                key = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)) if len(parts) == 2 else b""
+            except (ValueError, TypeError): key = b""
+            kid_ok = parts and parts[0].isascii() and parts[0].translate({ord(c): "a" for c in "-_."}).isalnum()
+            if parts and (len(key) < 32 or not kid_ok or len(parts[0]) > 64 or parts[0] in dict(pairs)):
+                raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % n)
+            pairs += [(parts[0], key)] if parts else []
         return cls(pairs)
 
     @classmethod
@@ -1023,353 +656,240 @@ class KeyRing(object):
         return cls([("ephemeral-" + secrets.token_hex(4), secrets.token_bytes(32))], ephemeral=True)
 
     def mac(self, kid, body):
-        return "hmac-sha256:" + b64url(hmac.new(self.keys[kid], canonical_json(body), hashlib.sha256).digest())
-
+        """The signature field for a receipt body (without signature) under key kid."""
+        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], canonical_json(body), hashlib.sha256).digest())
 
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now):
     """A signed receipt for one judged request (request: the object as received, already validated)."""
-    body = {
-        "schema": SCHEMA,
-        "claim_hash": sha256_tag(request["claim"].encode("utf-8")),
-        "evidence_manifest_hash": sha256_tag(canonical_json(request["evidence"])),
-        "request_hash": sha256_tag(canonical_json(request)),
-        "verifier_id": "verify_action.py@" + VERSION,
-        "verifier_method": "rule_based." + kind,
-        "verdict": verdict,
-        "confidence": confidence,
-        "reason_codes": list(codes),
-        "policy_or_oracle_refs": [],
-        "caller_context": request.get("caller_context", {}),
-        "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-        "issued_by": issuer,
-        "kid": keyring.kid,
-    }
-    body["signature"] = keyring.mac(keyring.kid, body)
-    return body
-
+    body = {"schema": SCHEMA, "claim_hash": _sha(request["claim"].encode("utf-8")),
+            "evidence_manifest_hash": _sha(canonical_json(request["evidence"])),
+            "request_hash": _sha(canonical_json(request)), "verifier_id": "verify_action.py@" + VERSION,
+            "verifier_method": "rule_based." + kind, "verdict": verdict, "confidence": confidence,
+            "reason_codes": list(codes), "policy_or_oracle_refs": [], "caller_context": request.get("caller_context", {}),
+            "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "issued_by": issuer, "kid": keyring.kid}
+    return dict(body, signature=keyring.mac(keyring.kid, body))
 
 def verify_receipt(receipt, keyring):
-    """Check a receipt: returns (valid, reason, kid) with reason one of ok, malformed, unsupported_schema,
-    unknown_kid, bad_signature. The signature is compared in constant time."""
-    if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS):
-        return False, "malformed", None
+    """(valid, reason, kid), reason one of ok, malformed, unsupported_schema, unknown_kid, bad_signature.
+    The signature is compared in constant time."""
+    if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS): return False, "malformed", None
     kid, sig = receipt["kid"], receipt["signature"]
     if not isinstance(kid, str) or not isinstance(sig, str) or not sig.startswith("hmac-sha256:"):
         return False, "malformed", None
-    if receipt["schema"] != SCHEMA:
-        return False, "unsupported_schema", kid
-    if kid not in keyring.keys:
-        return False, "unknown_kid", kid
-    body = {k: v for k, v in receipt.items() if k != "signature"}
+    if receipt["schema"] != SCHEMA or kid not in keyring.keys:
+        return False, "unsupported_schema" if receipt["schema"] != SCHEMA else "unknown_kid", kid
     try:
-        expected = keyring.mac(kid, body)
-    except (TypeError, ValueError):
-        return False, "malformed", kid
-    if not hmac.compare_digest(expected.encode("utf-8"), sig.encode("utf-8", "replace")):
-        return False, "bad_signature", kid
-    return True, "ok", kid
+        expected = keyring.mac(kid, {k: v for k, v in receipt.items() if k != "signature"})
+    except (TypeError, ValueError): return False, "malformed", kid
+    ok = hmac.compare_digest(expected.encode("utf-8"), sig.encode("utf-8", "replace"))
+    return ok, "ok" if ok else "bad_signature", kid
 
-
-# ---------------------------------------------------------------------------------------------------
-# §5 Key-ring and token files (I/O)
-# ---------------------------------------------------------------------------------------------------
+# ---- §5 Key-ring and token files (I/O) ---------------------------------------------------------------------------
 def read_private_file(path, limit=65536):
     """Text of a regular file that group and others cannot access; refuses anything else (ValueError)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("%s is not a regular file" % path)
-        if st.st_mode & 0o077:
-            raise ValueError("%s is accessible by group or others (mode %03o); run chmod 600 on it"
-                             % (path, st.st_mode & 0o777))
-        data = os.read(fd, limit + 1)
+        mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
     finally:
         os.close(fd)
-    if len(data) > limit:
-        raise ValueError("%s is larger than %d bytes" % (path, limit))
+    if not stat.S_ISREG(mode) or mode & 0o077 or len(data) > limit:
+        raise ValueError("refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
+                         "others (mode %03o; run chmod 600 on it)" % (path, limit, mode & 0o777))
     return data.decode("utf-8")
-
 
 def load_keyring(path):
     """Load a key-ring file (see KeyRing.parse), refusing a file group or others can read."""
     return KeyRing.parse(read_private_file(path))
 
-
 def keygen(path):
     """Create the key-ring file (O_CREAT|O_EXCL, mode 0600 from the start) or append a new key; returns the kid."""
     kid = "k" + time.strftime("%Y%m%d", time.gmtime()) + "-" + secrets.token_hex(3)
-    line = "%s %s\n" % (kid, b64url(secrets.token_bytes(32)))
-    flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    line, flags = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32))), os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        text = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n" + line
+        line = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n" + line
     except FileExistsError:
         old = read_private_file(path)
         KeyRing.parse(old)  # never append to a file that does not load
-        fd = os.open(path, flags | os.O_APPEND)
-        text = ("" if old.endswith("\n") or not old else "\n") + line
+        fd, line = os.open(path, flags | os.O_APPEND), ("" if old.endswith("\n") or not old else "\n") + line
     try:
-        os.write(fd, text.encode("ascii"))
+        os.write(fd, line.encode("ascii"))
     finally:
         os.close(fd)
     return kid
 
-
-# ---------------------------------------------------------------------------------------------------
-# §6 Request validation and strict JSON
-# ---------------------------------------------------------------------------------------------------
+# ---- §6 Request validation and strict JSON -----------------------------------------------------------------------
 class RequestError(ValueError):
-    """A refused request: code (stable snake_case) and message (never containing input)."""
+    """A refused request: code (snake_case, or a JSON-RPC error number), a message that never contains input,
+    and for HTTP the status and extra headers."""
 
-    def __init__(self, code, message):
+    def __init__(self, code, message, status=400, headers=()):
         ValueError.__init__(self, message)
-        self.code, self.message = code, message
+        self.code, self.message, self.status, self.headers = code, message, status, list(headers)
 
+_LONG_DIGITS, _NOT_BRACKET, _BRACKET_PAIR = re.compile(r"[0-9]{300}"), re.compile(r"[^\[\]{}]+"), re.compile(r"\[\]|\{\}")
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: the two parts never overlap
 
-_LONG_DIGITS = re.compile(r"[0-9]{300}")
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_BRACKET_PAIR = re.compile(r"\[\]|\{\}")
-
-
-def _no_duplicates(pairs):
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        raise RequestError("invalid_json", "duplicate object key")
-    return d
-
-
-def _no_constant(name):
-    raise RequestError("invalid_json", "NaN and Infinity are not JSON")
-
+def _bad_json(message):
+    raise RequestError("invalid_json", message)
 
 def _double_int(s):
-    v = int(s)
-    if abs(v) > 1.7976931348623157e308:
-        raise RequestError("invalid_json", "a number does not fit a double")
-    return v
-
+    v = int(s)  # beyond 4300 digits Python itself refuses (ValueError)
+    return v if abs(v) <= 1.7976931348623157e308 else _bad_json("a number does not fit a double")
 
 def strict_loads(raw):
     """Parse UTF-8 JSON strictly: no NaN/Infinity, duplicate keys, lone surrogates, numbers beyond a double,
     or nesting deeper than 32 (the outermost value counts 1). Raises RequestError('invalid_json', ...)."""
     try:
         text = raw.decode("utf-8")
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                           parse_int=_double_int if _LONG_DIGITS.search(text) else None)
+        value = json.loads(text, parse_int=_double_int if _LONG_DIGITS.search(text) else None,
+                           parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
+                           object_pairs_hook=lambda p: dict(p) if len(set(k for k, _ in p)) == len(p)
+                           else _bad_json("duplicate object key"))
         json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")  # 1e400 -> inf; lone surrogates
-    except RequestError:
-        raise
-    except UnicodeError:
-        raise RequestError("invalid_json", "not UTF-8, or a string holds a lone surrogate")
-    except RecursionError:
-        raise RequestError("invalid_json", "nesting deeper than %d" % MAX_DEPTH)
+    except RequestError: raise
+    except UnicodeError: _bad_json("not UTF-8, or a string holds a lone surrogate")
+    except RecursionError: _bad_json("nesting deeper than %d" % MAX_DEPTH)
     except ValueError as e:
-        reason = "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON")
-        raise RequestError("invalid_json", "%s (at character %s)" % (reason, getattr(e, "pos", "?")))
+        _bad_json("%s (at character %s)" % ("a number does not fit a double" if "Out of range" in str(e)
+                                             else getattr(e, "msg", "invalid JSON"), getattr(e, "pos", "?")))
     if text.count("[") + text.count("{") > MAX_DEPTH:
         brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
         for _ in range(MAX_DEPTH):  # each round removes the innermost level
             brackets = _BRACKET_PAIR.sub("", brackets)
-        if brackets:
-            raise RequestError("invalid_json", "nesting deeper than %d" % MAX_DEPTH)
+        if brackets: _bad_json("nesting deeper than %d" % MAX_DEPTH)
     return value
-
 
 def validate_request(obj):
     """Check a /verify body (or MCP arguments) field by field; raises RequestError, never truncates."""
-    if not isinstance(obj, dict):
-        raise RequestError("invalid_request", "the request must be a JSON object")
-    if set(obj) - set(REQUEST_FIELDS):
-        raise RequestError("unknown_field", "unknown top-level field; allowed: " + ", ".join(REQUEST_FIELDS))
-    claim = obj.get("claim")
-    if not isinstance(claim, str) or not claim.strip():
-        raise RequestError("invalid_claim", "claim must be a non-empty string")
-    if len(claim) > MAX_CLAIM:
-        raise RequestError("claim_too_long", "claim is longer than %d characters" % MAX_CLAIM)
-    if not isinstance(obj.get("evidence"), dict):
-        raise RequestError("invalid_evidence", "evidence must be a JSON object")
-    kind = obj.get("kind")
-    if kind is not None and (not isinstance(kind, str) or kind.lower() not in KINDS):
-        raise RequestError("unknown_kind", "kind must be one of " + ", ".join(KINDS))
-    ctx = obj.get("context")
-    if ctx is not None and not isinstance(ctx, str):
-        raise RequestError("invalid_context", "context must be a string")
-    if ctx is not None and len(ctx) > MAX_CONTEXT:
-        raise RequestError("context_too_long", "context is longer than %d characters" % MAX_CONTEXT)
-    cc = obj.get("caller_context")
-    if cc is not None:
-        if not isinstance(cc, dict) or len(cc) > MAX_CALLER_KEYS:
-            raise RequestError("invalid_caller_context", "caller_context must be an object of at most 8 keys")
-        for k, v in cc.items():
-            if not 0 < len(k) <= MAX_CALLER_STR or not (v is None or isinstance(v, (bool, int, float)) or (
-                    isinstance(v, str) and len(v) <= MAX_CALLER_STR)):
-                raise RequestError("invalid_caller_context", "caller_context keys and string values are 1-64 "
-                                   "characters; values are strings, numbers, booleans or null")
+    def need(ok, code, message):
+        if not ok: raise RequestError(code, message)
+    need(isinstance(obj, dict), "invalid_request", "the request must be a JSON object")
+    need(not set(obj) - set(REQUEST_FIELDS), "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
+    claim, kind, ctx, cc = obj.get("claim"), obj.get("kind"), obj.get("context"), obj.get("caller_context")
+    need(isinstance(claim, str) and claim.strip(), "invalid_claim", "claim must be a non-empty string")
+    need(len(claim) <= MAX_CLAIM, "claim_too_long", "claim is longer than %d characters" % MAX_CLAIM)
+    need(isinstance(obj.get("evidence"), dict), "invalid_evidence", "evidence must be a JSON object")
+    need(kind is None or (isinstance(kind, str) and kind.lower() in KINDS), "unknown_kind", "kind: " + ", ".join(KINDS))
+    need(ctx is None or isinstance(ctx, str), "invalid_context", "context must be a string")
+    need(ctx is None or len(ctx) <= MAX_CONTEXT, "context_too_long", "context is longer than %d characters" % MAX_CONTEXT)
+    need(cc is None or (isinstance(cc, dict) and len(cc) <= MAX_CALLER_KEYS and all(
+        0 < len(k) <= MAX_CALLER_STR and (v is None or isinstance(v, (bool, int, float)) or (
+            isinstance(v, str) and len(v) <= MAX_CALLER_STR)) for k, v in cc.items())), "invalid_caller_context",
+         "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null")
     return obj
 
-
-# ---------------------------------------------------------------------------------------------------
-# §7 The service: /verify, receipts and MCP handlers, shared by HTTP and stdio
-# ---------------------------------------------------------------------------------------------------
+# ---- §7 The service: /verify, receipts and MCP handlers, shared by HTTP and stdio --------------------------------
 _EVIDENCE_DOC = ("code_diff {diff}; db_op {before_count, after_count, operation, affected_rows}; file_op {path, "
                  "exists_before, exists_after, line_count?, size_bytes?, new_path?}; api_call {request, "
                  "response_status, response_body}; generic: any object.")
-TOOL = {
-    "name": "verify_action",
-    "title": "Verify an agent's claimed action",
-    "description": ("Check whether a claim about an action (code change, database operation, file operation, API "
-                    "call, or anything else) is consistent with the evidence supplied, using deterministic rules. "
-                    "Returns a verdict (verified, contradicted, insufficient_evidence, unsafe_to_verify), reason "
-                    "codes and a signed receipt. It fetches nothing: it judges only the evidence given, so a "
-                    "receipt never proves the claim true."),
-    "inputSchema": {"type": "object", "additionalProperties": False, "required": ["claim", "evidence"], "properties": {
-        "claim": {"type": "string", "minLength": 1, "maxLength": MAX_CLAIM, "description": "What the agent says it did."},
-        "evidence": {"type": "object", "description": _EVIDENCE_DOC},
-        "kind": {"type": "string", "enum": list(KINDS), "description": "Optional; else chosen by evidence shape."},
-        "context": {"type": "string", "maxLength": MAX_CONTEXT, "description": "Optional free text, bound into the receipt."},
-        "caller_context": {"type": "object", "description": "Optional: at most 8 scalar values, keys and strings <= 64 characters."}}},
-    "outputSchema": {"type": "object", "required": ["aar_verdict", "verdict", "confidence", "reason_codes", "reasoning",
-                                                    "kind_dispatched", "verifier_used", "details", "receipt"],
-                     "properties": {
-                         "aar_verdict": {"type": "string", "enum": list(VERDICTS)},
-                         "verdict": {"type": "string", "enum": list(LEGACY.values())},
-                         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-                         "reason_codes": {"type": "array", "items": {"type": "string"}},
-                         "reasoning": {"type": "string"}, "kind_dispatched": {"type": "string", "enum": list(KINDS)},
-                         "verifier_used": {"type": "string"}, "details": {"type": "object"},
-                         "receipt": {"type": "object"}}},
-    "annotations": {"title": "Verify an agent's claimed action", "readOnlyHint": True, "idempotentHint": False,
-                    "openWorldHint": False},
-}
-RULES_DOC = {
-    "code_diff": "Parses unified diffs (git, diff -u with or without a/ b/ and timestamps, --no-prefix, /dev/null, "
-                 "renames, binary files). Claimed paths match a diff path when equal or a whole-component suffix. "
-                 "Identifiers (backticked, dotted, snake_case, camelCase; paths removed first) must be in changed "
-                 "lines. Without identifiers, content words (>= 4 letters, not verbs or stopwords; -s -es -ed -ing "
-                 "allowed) absent from changed lines are a negative. Verbs: add/check need added lines in the named "
-                 "files, modify any changed line, remove removed lines; 'deleted file X' needs X deleted. When the "
-                 "claim names files, other changed files are a negative, critical above half of changed lines.",
-    "db_op": "Claim verb class (delete, insert, update, read) vs SQL kind (SELECT, INSERT, UPDATE, DELETE, WITH..., "
-             "TRUNCATE = delete; MERGE/REPLACE/UPSERT/ON CONFLICT give no direction) vs sign of after-before vs "
-             "affected_rows. A number right after the verb is a count, compared with affected_rows and |delta|. "
-             "id=N, id N, #N and noun N are identifiers, compared with WHERE id comparisons; literals never are.",
-    "file_op": "Verb class vs existence transition (for rename/move exists_after describes new_path). Claimed "
-               "paths must equal path/new_path or be a whole-component suffix. Lines: equal +, off > 10% or > 50 "
-               "critical, else negative. Sizes (KB/MB powers of 1000, KiB/MiB of 1024): within 1% +, > 50% "
-               "critical, else negative.",
-    "api_call": "Claimed success (sent, delivered, posted, created, succeeded, ok, success, accepted) or failure "
-                "vs status class; response_body judged structurally (ok/success booleans, status words, non-null "
-                "error, non-empty errors), whole words only for non-JSON text. Emails, URLs (host and path) and "
-                "IDs in the claim must be in the request; a different one is critical.",
-    "generic": "Entities (numbers, URLs, emails, code identifiers) support verified only with >= 3 distinct "
-               "matches; missing words are never negative; contradicted only for KEY is/was/=/: VALUE against a "
-               "different scalar value of that key.",
-}
+_S, _O, _TITLE = {"type": "string"}, {"type": "object"}, "Verify an agent's claimed action"
+TOOL = {"name": "verify_action", "title": _TITLE, "annotations": {"title": _TITLE, "readOnlyHint": True,
+                                                                  "idempotentHint": False, "openWorldHint": False},
+        "description": "Check whether a claim about an action (code change, database operation, file operation, API "
+                       "call, or anything else) is consistent with the evidence supplied, using deterministic rules. "
+                       "Returns a verdict (verified, contradicted, insufficient_evidence, unsafe_to_verify), reason "
+                       "codes and a signed receipt. It fetches nothing: it judges only the evidence given, so a "
+                       "receipt never proves the claim true.",
+        "inputSchema": {"type": "object", "additionalProperties": False, "required": ["claim", "evidence"], "properties": {
+            "claim": dict(_S, minLength=1, maxLength=MAX_CLAIM, description="What the agent says it did."),
+            "evidence": dict(_O, description=_EVIDENCE_DOC),
+            "kind": dict(_S, enum=list(KINDS), description="Optional; else chosen by the evidence's shape."),
+            "context": dict(_S, maxLength=MAX_CONTEXT, description="Optional; bound into the receipt."),
+            "caller_context": dict(_O, description="Optional: at most 8 scalar values; keys and strings <= 64 chars.")}},
+        "outputSchema": {"type": "object", "required": ["aar_verdict", "verdict", "confidence", "reason_codes",
+                                                        "reasoning", "kind_dispatched", "verifier_used", "details",
+                                                        "receipt"], "properties": {
+            "aar_verdict": dict(_S, enum=list(VERDICTS)), "verdict": dict(_S, enum=list(LEGACY.values())),
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1}, "reason_codes": {"type": "array", "items": _S},
+            "reasoning": _S, "kind_dispatched": dict(_S, enum=list(KINDS)), "verifier_used": _S, "details": _O,
+            "receipt": _O}}}
+RULES_DOC = {  # one line per kind; each reason code's meaning (REASONS) gives the detail
+    "code_diff": "Unified diffs (git, diff -u with or without a/ b/ and timestamps, --no-prefix, /dev/null, renames, "
+                 "binary) are parsed. Paths match when equal or a whole-component suffix. Identifiers (backticked, "
+                 "dotted, snake_case, camelCase; paths removed first) must be in changed lines; without them, content "
+                 "words (>= 4 letters, no verbs or stopwords; -s -es -ed -ing allowed) must be. add/check need added "
+                 "lines in the named files, modify any change, remove removed lines; 'deleted file X' needs X deleted.",
+    "db_op": "Verb class (delete, insert, update, read) vs SQL kind (WITH, TRUNCATE = delete; MERGE, REPLACE, UPSERT, "
+             "ON CONFLICT: no direction) vs the sign of after-before vs affected_rows. A number right after the verb is "
+             "a count; id=N, id N, #N, noun N are identifiers, compared with WHERE id comparisons; literals never are.",
+    "file_op": "Verb vs existence (for rename/move exists_after is new_path's). Lines: equal +, off > 10% or > 50 "
+               "critical, else -. Sizes (KB/MB powers of 1000, KiB/MiB of 1024): within 1% +, > 50% critical, else -.",
+    "api_call": "Success words (sent, delivered, posted, created, succeeded, ok, success, accepted) or failure vs the "
+                "status class and the body's structure (ok/success, status, error, errors; whole words in plain text). "
+                "Emails, URLs (host and path) and IDs in the claim must be in the request.",
+    "generic": "Entities (numbers, URLs, emails, identifiers) support verified only with >= 3 distinct matches; "
+               "missing words are never negative; contradicted only by KEY is/was/=/: VALUE against that key's value."}
 DISPATCH = ["kind field, case-insensitive", "diff -> code_diff", "before_count/after_count/affected_rows -> db_op "
             "(operation alone never)", "exists_before/exists_after/line_count/size_bytes -> file_op",
             "request/response_status/response_body -> api_call", "otherwise generic"]
 
-
 def rules_document():
     """The GET /rules document: decision rule, dispatch order, rules per kind, bounds, every reason code."""
     return {"decision": DECISION, "confidence": CONFIDENCE, "dispatch_order": DISPATCH, "kinds": RULES_DOC,
-            "bounds": BOUNDS, "reason_codes": {c: {"kind": k, "signal": _SIGNAL_NAMES[s], "meaning": m}
-                                               for c, (k, s, m) in sorted(REASONS.items())}}
-
+            "bounds": BOUNDS, "evidence_fields": {k: {"fields": sorted(f), "needs_one_of": g} for k, (f, g) in EVIDENCE.items()},
+            "reason_codes": {c: {"kind": k, "signal": _SIGNAL_NAMES[s], "meaning": m} for c, (k, s, m) in REASONS.items()}}
 
 def spec_document():
     """The GET /spec document: tool schema, kinds, verdicts, receipt fields, canonicalisation, version."""
-    return {"name": "verify_action.py", "version": VERSION, "proves": PROVES, "does_not_prove": NOT_PROVES,
-            "tool": TOOL, "kinds": list(KINDS), "evidence": _EVIDENCE_DOC,
-            "verdicts": {"aar_verdict": list(VERDICTS), "legacy_verdict": LEGACY},
-            "receipt": {"schema": SCHEMA, "fields": RECEIPT_FIELDS, "canonicalization": (
-                "RFC 8785 JSON Canonicalization Scheme: object keys sorted by UTF-16 code units, no whitespace, "
-                "numbers in ECMAScript form, strings minimally escaped, UTF-8."),
-                "verify": "POST /receipts/verify {\"receipt\": {...}} or verify_action.py verify-receipt FILE"},
-            "limits": {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH,
-                       "caller_context_keys": MAX_CALLER_KEYS, "caller_context_chars": MAX_CALLER_STR},
-            "endpoints": ["GET /", "GET /healthcheck", "GET /spec", "GET /rules", "GET /stats", "POST /verify",
-                          "POST /receipts/verify", "POST /mcp"],
-            "mcp": {"protocol_versions": list(PROTOCOL_VERSIONS), "transports": ["POST /mcp (JSON responses)", "--stdio"]}}
+    return {"name": "verify_action.py", "version": VERSION, "proves": PROVES, "does_not_prove": NOT_PROVES, "tool": TOOL,
+            "kinds": list(KINDS), "evidence": _EVIDENCE_DOC, "verdicts": {"aar_verdict": VERDICTS, "legacy_verdict": LEGACY},
+            "receipt": {"schema": SCHEMA, "fields": RECEIPT_FIELDS, "verify": "POST /receipts/verify {\"receipt\": {...}}"
+                        " or verify_action.py verify-receipt FILE --key-file F", "canonicalization": "RFC 8785 (JCS): "
+                        "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal string escapes, UTF-8"},
+            "limits": {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH},
+            "endpoints": ["%s %s" % (m, p) for p, m in ROUTES.items()],
+            "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]}}
 
-
-class RpcError(Exception):
-    """A JSON-RPC error answer: code and message."""
-
-    def __init__(self, code, message):
-        Exception.__init__(self, message)
-        self.code, self.message = code, message
-
-
-def _rpc_error(msg_id, code, message):
-    return {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
-
+_rpc_error = lambda msg_id, code, message: {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
+_json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 class Service(object):
     """What HTTP and stdio share: the key ring, the issuer, counters and every handler."""
 
     def __init__(self, keyring, issuer="verify_action.py", clock=time.time):
-        self.keyring, self.issuer, self.clock = keyring, issuer, clock
-        self.started = clock()
-        self._lock = threading.Lock()
-        self.counts = {"verifications": 0, "by_kind": dict.fromkeys(KINDS, 0),
-                       "by_verdict": dict.fromkeys(VERDICTS, 0), "receipt_checks": 0, "mcp_messages": 0,
-                       "errors_by_status": {}}
+        self.keyring, self.issuer, self.clock, self.started, self._lock = keyring, issuer, clock, clock(), threading.Lock()
+        self.counts = {"verifications": 0, "by_kind": dict.fromkeys(KINDS, 0), "by_verdict": dict.fromkeys(VERDICTS, 0),
+                       "receipt_checks": 0, "mcp_messages": 0, "errors_by_status": {}}
 
     def count(self, key, sub=None):
+        """Add one to a counter of GET /stats (never anything about request content)."""
         with self._lock:
-            if sub is None:
-                self.counts[key] += 1
-            else:
-                self.counts[key][sub] = self.counts[key].get(sub, 0) + 1
+            if sub is None: self.counts[key] += 1
+            else: self.counts[key][sub] = self.counts[key].get(sub, 0) + 1
 
     def stats(self):
         with self._lock:
-            return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3),
-                        version=VERSION)
+            return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3))
 
     def verify(self, request):
         """Judge a validated request and sign the result: the /verify response object."""
         kind = dispatch_kind(request["evidence"], request.get("kind"))
         codes, details = judge(kind, request["claim"], request["evidence"])
-        verdict, confidence = decide(codes)
-        unique = list(dict.fromkeys(codes))
+        (verdict, confidence), unique = decide(codes), list(dict.fromkeys(codes))
         receipt = issue_receipt(request, kind, verdict, confidence, unique, self.keyring, self.issuer, self.clock())
-        with self._lock:
-            self.counts["verifications"] += 1
-            self.counts["by_kind"][kind] += 1
-            self.counts["by_verdict"][verdict] += 1
-        reasoning = "%s (%s): %s" % (verdict, kind, " ".join(REASONS[c][2] for c in unique))
+        for key, sub in (("verifications", None), ("by_kind", kind), ("by_verdict", verdict)): self.count(key, sub)
         return {"aar_verdict": verdict, "verdict": LEGACY[verdict], "confidence": confidence, "reason_codes": unique,
-                "reasoning": reasoning, "kind_dispatched": kind, "verifier_used": kind + "_v1", "details": details,
-                "receipt": receipt}
+                "reasoning": "%s (%s): %s" % (verdict, kind, " ".join(REASONS[c][2] for c in unique)),
+                "kind_dispatched": kind, "verifier_used": kind + "_v1", "details": details, "receipt": receipt}
 
     def post(self, path, raw, headers):
-        """Handle a POST body; returns (status, JSON-able object or None for an empty 202)."""
-        if path == "/mcp":
-            version = headers.get("mcp-protocol-version")
-            if version is not None and version not in PROTOCOL_VERSIONS:
-                return 400, {"error": "unsupported_protocol_version",
-                             "message": "MCP-Protocol-Version must be one of " + ", ".join(PROTOCOL_VERSIONS)}
-            try:
-                msg = strict_loads(raw)
-            except RequestError as e:
-                return 200, _rpc_error(None, -32700, "Parse error: " + e.message)
-            reply = self.mcp(msg, None)
-            return (202, None) if reply is None else (200, reply)
+        """Handle a POST body; returns (status, JSON-able object, or None for an empty 202)."""
         try:
+            if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
+                raise RequestError("unsupported_protocol_version", "MCP-Protocol-Version: " + ", ".join(PROTOCOL_VERSIONS))
+            if path == "/mcp":
+                try:
+                    reply = self.mcp(strict_loads(raw), None)
+                except RequestError as e: reply = _rpc_error(None, -32700, "Parse error: " + e.message)
+                return (202, None) if reply is None else (200, reply)
             obj = strict_loads(raw)
-            if path == "/verify":
-                return 200, self.verify(validate_request(obj))
+            if path == "/verify": return 200, self.verify(validate_request(obj))
             if not isinstance(obj, dict) or set(obj) != {"receipt"} or not isinstance(obj["receipt"], dict):
                 raise RequestError("invalid_request", "the body must be {\"receipt\": {...}}")
-        except RequestError as e:
-            return 400, {"error": e.code, "message": e.message}
+        except RequestError as e: return 400, {"error": e.code, "message": e.message}
         self.count("receipt_checks")
-        valid, reason, kid = verify_receipt(obj["receipt"], self.keyring)
-        return 200, {"valid": valid, "reason": reason, "kid": kid}
+        return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
 
     def mcp(self, msg, session):
         """Answer one JSON-RPC message; None for notifications and responses. session is None over HTTP
@@ -1377,134 +897,89 @@ class Service(object):
         if isinstance(msg, list):
             if session is None or session.get("version") != "2025-03-26" or not msg:
                 return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
-            replies = [r for r in (self.mcp(m, session) for m in msg) if r is not None]
-            return replies or None
+            return [r for r in (self.mcp(m, session) for m in msg) if r is not None] or None
         self.count("mcp_messages")
-        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
-            return _rpc_error(None, -32600, "Invalid Request")
-        if "method" not in msg:
-            return None  # a response from the client: a tools-only server sends no requests
-        msg_id, method, params = msg.get("id"), msg.get("method"), msg.get("params", {})
-        if "id" in msg and (isinstance(msg_id, bool) or not isinstance(msg_id, (str, int))):
+        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0": return _rpc_error(None, -32600, "Invalid Request")
+        msg_id, has_id = msg.get("id"), "id" in msg
+        if "method" not in msg: return None  # a response from the client: a tools-only server sends no requests
+        if has_id and (isinstance(msg_id, bool) or not isinstance(msg_id, (str, int))):
             return _rpc_error(None, -32600, "Invalid Request: id must be a string or an integer")
-        if not isinstance(method, str):
-            return _rpc_error(msg_id if "id" in msg else None, -32600, "Invalid Request: method must be a string")
-        if "id" not in msg:
-            return None  # notifications are never answered
+        if not isinstance(msg["method"], str): return _rpc_error(msg_id, -32600, "Invalid Request: method must be a string")
+        if not has_id: return None  # notifications are never answered
         try:
-            return {"jsonrpc": "2.0", "id": msg_id, "result": self._method(method, params, session)}
-        except RpcError as e:
-            return _rpc_error(msg_id, e.code, e.message)
-        except Exception:
-            return _rpc_error(msg_id, -32603, "Internal error")
+            return {"jsonrpc": "2.0", "id": msg_id, "result": self._method(msg["method"], msg.get("params", {}), session)}
+        except RequestError as e: return _rpc_error(msg_id, e.code, e.message)
+        except Exception: return _rpc_error(msg_id, -32603, "Internal error")
 
     def _method(self, method, params, session):
-        if not isinstance(params, dict):
-            raise RpcError(-32602, "Invalid params: params must be an object")
-        if method == "ping":
-            return {}
+        def need(ok, code, message):
+            if not ok: raise RequestError(code, message)
+        need(isinstance(params, dict), -32602, "Invalid params: params must be an object")
+        if method == "ping": return {}
         if method == "initialize":
             asked = params.get("protocolVersion")
-            if not isinstance(asked, str):
-                raise RpcError(-32602, "Invalid params: protocolVersion must be a string")
-            if session is not None and session.get("version"):
-                raise RpcError(-32600, "Invalid Request: already initialized")
-            version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]
-            if session is not None:
-                session["version"] = version
+            need(isinstance(asked, str), -32602, "Invalid params: protocolVersion must be a string")
+            need(session is None or not session.get("version"), -32600, "Invalid Request: already initialized")
+            version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]  # else our newest
+            if session is not None: session["version"] = version
             return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
                     "serverInfo": {"name": "verify_action", "title": "verify_action.py", "version": VERSION},
                     "instructions": "Call verify_action with a claim and its evidence before acting on the claim. "
                                     "A receipt proves what was judged, never that the claim is true."}
-        if method not in ("tools/list", "tools/call"):
-            raise RpcError(-32601, "Method not found")
-        if session is not None and not session.get("version"):
-            raise RpcError(-32600, "Invalid Request: not initialized")
-        if method == "tools/list":
-            return {"tools": [TOOL]}
+        need(method in ("tools/list", "tools/call"), -32601, "Method not found")
+        need(session is None or session.get("version"), -32600, "Invalid Request: not initialized")
+        if method == "tools/list": return {"tools": [TOOL]}
         name, args = params.get("name"), params.get("arguments", {})
-        if not isinstance(name, str) or not isinstance(args, dict):
-            raise RpcError(-32602, "Invalid params: name must be a string and arguments an object")
-        if name != TOOL["name"]:
-            raise RpcError(-32602, "Unknown tool")
+        need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
+        need(name == TOOL["name"], -32602, "Unknown tool")
         try:
             result = self.verify(validate_request(args))
-        except RequestError as e:
-            return {"content": [{"type": "text", "text": "invalid arguments: %s: %s" % (e.code, e.message)}],
-                    "isError": True}
-        text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-        return {"content": [{"type": "text", "text": text}], "structuredContent": result, "isError": False}
-
+        except RequestError as e:  # a tool execution error, so the model can correct its arguments
+            return {"content": [{"type": "text", "text": "invalid arguments: %s: %s" % (e.code, e.message)}], "isError": True}
+        return {"content": [{"type": "text", "text": _json_text(result)}], "structuredContent": result, "isError": False}
 
 def serve_stdio(service, inp, out, max_line=4 << 20):
     """MCP over stdio: newline-delimited JSON-RPC on binary streams, until EOF on inp."""
     session = {}
-    while True:
-        line = inp.readline(max_line + 1)
-        if not line:
-            return
-        if len(line) > max_line and not line.endswith(b"\n"):
-            while line and not line.endswith(b"\n"):
-                line = inp.readline(max_line)
-            reply = _rpc_error(None, -32700, "Parse error: message too large")
-        else:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                reply = service.mcp(strict_loads(line), session)
-            except RequestError as e:
-                reply = _rpc_error(None, -32700, "Parse error: " + e.message)
-        if reply is not None:
-            try:
-                out.write(json.dumps(reply, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n")
+    for line in iter(lambda: inp.readline(max_line + 1), b""):
+        try:
+            if len(line) > max_line and not line.endswith(b"\n"):
+                while line and not line.endswith(b"\n"):  # skip the rest of an oversized message
+                    line = inp.readline(max_line)
+                _bad_json("message too large")
+            reply = service.mcp(strict_loads(line.strip()), session) if line.strip() else None
+        except RequestError as e: reply = _rpc_error(None, -32700, "Parse error: " + e.message)
+        try:
+            if reply is not None:
+                out.write(_json_text(reply).encode("utf-8") + b"\n")
                 out.flush()
-            except (BrokenPipeError, ValueError):
-                return
+        except (BrokenPipeError, ValueError): return  # the client has gone
 
-
-# ---------------------------------------------------------------------------------------------------
-# §8 HTTP server: selector for idle connections, a fixed worker pool, deadlines, routes, the page
-# ---------------------------------------------------------------------------------------------------
-_PHRASES = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
-            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+# ---- §8 HTTP server: a selector for idle connections, a fixed worker pool, deadlines, routes, the page -----------
 ROUTES = {"/": "GET", "/healthcheck": "GET", "/spec": "GET", "/rules": "GET", "/stats": "GET",
           "/verify": "POST", "/receipts/verify": "POST", "/mcp": "POST"}
 _ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}
-MAX_HEAD = 16384
-GRACE = 0.05  # how long a worker waits for the next request on a connection before parking it
+MAX_HEAD, GRACE = 16384, 0.05  # GRACE: how long a worker waits for the next request before parking a connection
 _SCRIPT = """document.getElementById("f").onsubmit=async function(e){e.preventDefault();
 var g=function(i){return document.getElementById(i)},o=g("out"),b,h={"Content-Type":"application/json"};
 try{b={claim:g("claim").value,evidence:JSON.parse(g("evidence").value)}}catch(x){o.textContent="evidence is not JSON";return}
 if(g("kind").value)b.kind=g("kind").value;if(g("tok").value)h.Authorization="Bearer "+g("tok").value;
 var r=await fetch("/verify",{method:"POST",headers:h,body:JSON.stringify(b)});
 o.textContent="HTTP "+r.status+"\\n"+JSON.stringify(await r.json(),null,2)};"""
-_STYLE = ("body{font:15px/1.5 system-ui,sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem}"
-          "textarea,input,select{width:100%;font:13px monospace;box-sizing:border-box}table{border-collapse:collapse}"
-          "td,th{border:1px solid #ccc;padding:.2rem .4rem;text-align:left;vertical-align:top}"
-          "pre{background:#f4f4f4;padding:.6rem;overflow:auto}")
+_STYLE = ("body{font:15px/1.5 system-ui,sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem}textarea,input,"
+          "select{width:100%;font:13px monospace;box-sizing:border-box}table{border-collapse:collapse}td,th{border:1px "
+          "solid #ccc;padding:.2rem .4rem;text-align:left;vertical-align:top}pre{background:#f4f4f4;padding:.6rem}")
 _EXAMPLE_DIFF = ("diff --git a/src/user.py b/src/user.py\n--- a/src/user.py\n+++ b/src/user.py\n@@ -10,2 +10,4 @@\n"
-                 " def save(user):\n+    if user.email is None:\n+        raise ValueError(\"email required\")\n"
-                 "     db.write(user)\n")
-
-
-def _csp_hash(text):
-    return "'sha256-%s'" % base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
-
-
-CSP = ("default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; "
-       "base-uri 'none'; frame-ancestors 'none'" % (_csp_hash(_SCRIPT), _csp_hash(_STYLE)))
-
+                 " def save(user):\n+    if user.email is None:\n+        raise ValueError(\"email required\")\n     db.write(user)\n")
+CSP = "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; base-uri 'none'; " \
+      "frame-ancestors 'none'" % tuple("'sha256-%s'" % base64.b64encode(hashlib.sha256(t.encode()).digest()).decode()
+                                       for t in (_SCRIPT, _STYLE))
 
 def render_page():
     """The HTML page at GET /: what a receipt proves and does not prove, the rules table, a form."""
     e = html.escape
     rows = "".join("<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
-        e(c), e(k), _SIGNAL_NAMES[s], e(m)) for c, (k, s, m) in sorted(REASONS.items(), key=lambda i: (i[1][0], i[0])))
-    kinds = "".join("<tr><td><code>%s</code></td><td>%s</td></tr>" % (k, e(RULES_DOC[k])) for k in KINDS)
-    evidence = json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)
+        c, k, _SIGNAL_NAMES[s], e(m)) for c, (k, s, m) in sorted(REASONS.items(), key=lambda i: (i[1][0], i[0])))
     return ("<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content='width=device-width'>"
             "<title>verify_action.py</title><style>%s</style></head><body><h1>verify_action.py %s</h1>"
             "<p>Checks whether an AI agent's <b>claim</b> about an action is consistent with the <b>evidence</b> it "
@@ -1519,100 +994,82 @@ def render_page():
             "<h2>Reason codes</h2><table><tr><th>code</th><th>kind</th><th>signal</th><th>meaning</th></tr>%s"
             "</table><p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>"
             "<script>%s</script></body></html>") % (
-        _STYLE, VERSION, e(PROVES), e(NOT_PROVES), "".join("<option>%s</option>" % k for k in KINDS), e(evidence),
-        e(DECISION), e(CONFIDENCE), kinds, rows, _SCRIPT)
-
-
-class HttpError(Exception):
-    """An error answered with a JSON body {"error": code, "message": text}."""
-
-    def __init__(self, status, code, message, headers=()):
-        Exception.__init__(self, message)
-        self.status, self.code, self.message, self.headers = status, code, message, list(headers)
-
+        _STYLE, VERSION, e(PROVES), e(NOT_PROVES), "".join("<option>%s</option>" % k for k in KINDS),
+        e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)), e(DECISION), e(CONFIDENCE),
+        "".join("<tr><td><code>%s</code></td><td>%s</td></tr>" % (k, e(RULES_DOC[k])) for k in KINDS), rows, _SCRIPT)
 
 class _Gone(Exception):
     """The peer closed or reset the connection: nothing more can be said."""
 
-
 class _Conn(object):
-    __slots__ = ("sock", "buf", "since")
+    __slots__ = ("sock", "buf")
 
     def __init__(self, sock):
-        self.sock, self.buf, self.since = sock, bytearray(), time.monotonic()
-
-
-def _json_bytes(obj):
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
+        self.sock, self.buf = sock, bytearray()
 
 def _is_loopback(host):
     try:
         return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
+    except ValueError: return False
 
 class Server(object):
-    """HTTP/1.1 with keep-alive. One selector thread accepts and parks idle connections; a fixed pool of
-    workers serves ready ones, so threads never grow with clients. A connection that waits longer than
-    queue_wait for a worker gets 503; a request not read within read_deadline gets 408."""
+    """HTTP/1.1 with keep-alive. One selector thread accepts and parks idle connections; a fixed pool of workers
+    serves ready ones, so threads never grow with clients. A connection that waits longer than queue_wait for a
+    worker gets 503; a request not read within read_deadline gets 408; idle connections close after idle_timeout."""
 
     def __init__(self, service, host="127.0.0.1", port=8092, workers=16, max_body=MAX_BODY, token=None,
                  origins=(), read_deadline=10.0, idle_timeout=15.0, queue_wait=5.0, max_conns=1000):
-        self.service, self.workers, self.max_body, self.token = service, workers, max_body, token
-        self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = (
-            read_deadline, idle_timeout, queue_wait, max_conns)
-        family, _, _, _, addr = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(addr)
-        self.sock.listen(512)
+        self.service, self.workers, self.max_body, self.token, self.read_deadline = (
+            service, workers, max_body, token, read_deadline)
+        self.idle_timeout, self.queue_wait, self.max_conns = idle_timeout, queue_wait, max_conns
+        self.sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                         backlog=512)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         names = ("127.0.0.1", "localhost", "[::1]") if _is_loopback(host) else ("[%s]" % host if ":" in host else host,)
-        self.origins = {"http://%s:%d" % (h, self.port) for h in names} | set(origins)
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
+        self.origins = {"http://%s:%d" % (h, self.port) for h in names} | set(origins) | {None}  # None: no Origin
+        self._sel, (self._wake_r, self._wake_w) = selectors.DefaultSelector(), socket.socketpair()
         self._wake_r.setblocking(False)
-        self._ready = collections.deque()
-        self._cv = threading.Condition()
-        self._parked, self._returned, self._open, self._open_lock = {}, collections.deque(), 0, threading.Lock()
-        self._stop = False
-        self._page = render_page().encode("utf-8")
-        self._docs = {"/spec": _json_bytes(spec_document()), "/rules": _json_bytes(rules_document())}
+        self._ready, self._returned, self._parked = collections.deque(), collections.deque(), {}
+        self._cv, self._open_lock, self._open, self._stop = threading.Condition(), threading.Lock(), 0, False
+        self._docs = {"/": render_page().encode("utf-8"), "/spec": _json_text(spec_document()).encode("utf-8"),
+                      "/rules": _json_text(rules_document()).encode("utf-8")}
 
-    # -- selector thread ------------------------------------------------------------------------------
     def serve_forever(self):
         """Run until shutdown(): the calling thread becomes the selector thread."""
-        threads = [threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True)
-                   for i in range(self.workers)]
-        for t in threads:
-            t.start()
-        self._sel.register(self.sock, selectors.EVENT_READ, None)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        for i in range(self.workers):
+            threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
+        self._sel.register(self.sock, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         last_sweep = time.monotonic()
         while not self._stop:
             for key, _ in self._sel.select(0.25):
-                if key.fileobj is self.sock:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    self._take_returned()
-                else:
+                if key.data == "accept": self._accept()
+                elif key.data == "wake":  # workers hand back keep-alive connections to watch
+                    try:
+                        while self._wake_r.recv(4096): pass
+                    except OSError: pass
+                    while self._returned: self._park(self._returned.popleft())
+                else:  # a parked connection has data: hand it to a worker
                     self._sel.unregister(key.fileobj)
                     del self._parked[key.data]
-                    self._dispatch(key.data)
-            if time.monotonic() - last_sweep > 0.25:
-                last_sweep = time.monotonic()
-                self._sweep(last_sweep)
-        for conn in list(self._parked):
-            self._abort(conn, None)
+                    with self._cv:
+                        self._ready.append((key.data, time.monotonic()))
+                        self._cv.notify()
+            now = time.monotonic()
+            if now - last_sweep > 0.25:
+                last_sweep = now
+                for conn in [c for c, since in self._parked.items() if now - since > self.idle_timeout]:
+                    self._sel.unregister(conn.sock)
+                    self._finish(conn, parked=True)
+                with self._cv:  # connections no worker could take in time get 503
+                    while self._ready and now - self._ready[0][1] > self.queue_wait:
+                        self._finish(self._ready.popleft()[0], self._error(503, "service_unavailable", "busy; retry"))
+        for conn in list(self._parked): self._finish(conn, parked=True)
         with self._cv:
-            self._ready.extend((None, 0) for _ in threads)
+            self._ready.extend((None, 0) for _ in range(self.workers))
             self._cv.notify_all()
-        self._sel.close()
-        for s in (self.sock, self._wake_r, self._wake_w):
-            s.close()
+        for s in (self._sel, self.sock, self._wake_r, self._wake_w): s.close()
 
     def shutdown(self):
         """Stop serve_forever (from another thread)."""
@@ -1622,279 +1079,170 @@ class Server(object):
     def _accept(self):
         while True:
             try:
-                s, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
+                s = self.sock.accept()[0]
+            except OSError: return  # BlockingIOError: no more pending connections
             s.setblocking(True)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(s)
             with self._open_lock:
                 self._open += 1
                 full = self._open > self.max_conns
-            if full:
-                self._abort(conn, 503)
-            else:
-                self._park(conn)
+            if full: self._finish(_Conn(s), self._error(503, "service_unavailable", "too many open connections"))
+            else: self._park(_Conn(s))
 
     def _park(self, conn):
-        conn.since = time.monotonic()
-        self._parked[conn] = conn.since
+        self._parked[conn] = time.monotonic()
         self._sel.register(conn.sock, selectors.EVENT_READ, conn)
 
-    def _take_returned(self):
+    def _finish(self, conn, data=b"", linger=0.0, parked=False):
+        """Send data, then close without resetting the connection: discard input until the client is quiet
+        (at most linger seconds; with linger 0 only what has already arrived, so the caller never blocks)."""
+        s, end = conn.sock, time.monotonic() + linger
+        if parked: del self._parked[conn]
         try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        while self._returned:
-            self._park(self._returned.popleft())
+            s.settimeout(5.0)
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(0.2 if linger else 0.0)
+            while s.recv(65536) and time.monotonic() < end: pass
+        except OSError: pass
+        with self._open_lock: self._open -= 1
+        s.close()
 
-    def _dispatch(self, conn):
-        with self._cv:
-            self._ready.append((conn, time.monotonic()))
-            self._cv.notify()
-
-    def _sweep(self, now):
-        for conn, since in list(self._parked.items()):
-            if now - since > self.idle_timeout:
-                self._sel.unregister(conn.sock)
-                del self._parked[conn]
-                self._abort(conn, None)
-        with self._cv:
-            while self._ready and self._ready[0][0] is not None and now - self._ready[0][1] > self.queue_wait:
-                self._abort(self._ready.popleft()[0], 503)
-
-    def _abort(self, conn, status):
-        """Close a connection the pool cannot serve, answering 503 first when it sent a request."""
-        s = conn.sock
-        try:
-            if status:
-                s.settimeout(0.2)
-                s.sendall(self._response(status, _json_bytes({
-                    "error": "service_unavailable", "message": "all workers are busy; retry later"}), True))
-            s.setblocking(False)
-            while s.recv(65536):  # drain what arrived so closing does not reset the connection
-                pass
-        except OSError:
-            pass
-        self._close(conn)
-
-    def _close(self, conn):
-        with self._open_lock:
-            self._open -= 1
-        try:
-            conn.sock.close()
-        except OSError:
-            pass
-
-    # -- workers --------------------------------------------------------------------------------------
     def _work(self):
         while True:
             with self._cv:
-                while not self._ready:
-                    self._cv.wait()
-                conn, _ = self._ready.popleft()
-            if conn is None:
-                return
+                while not self._ready: self._cv.wait()
+                conn = self._ready.popleft()[0]
+            if conn is None: return
             if self._serve(conn):
                 self._returned.append(conn)
                 try:
                     self._wake_w.send(b"x")
-                except OSError:
-                    self._close(conn)
+                except OSError: self._finish(conn)  # shut down meanwhile
+
+    def _error(self, status, code, message, headers=(), head_only=False):
+        return self._response(status, _json_text({"error": code, "message": message}).encode("utf-8"), True,
+                              "application/json", headers, head_only)
+
+    def _response(self, status, body, close, ctype="application/json", extra=(), head_only=False):
+        lines = ["HTTP/1.1 %d %s" % (status, http.HTTPStatus(status).phrase)]
+        lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)] if status != 204 else []
+        lines += ["Cache-Control: no-store", "X-Content-Type-Options: nosniff"] + ["Connection: close"] * close
+        head = ("\r\n".join(lines + ["%s: %s" % h for h in extra]) + "\r\n\r\n").encode("latin-1")
+        return head if head_only or status == 204 else head + body
 
     def _serve(self, conn):
         """Serve requests on one connection while they keep coming; True means park it again."""
-        wait = self.read_deadline
+        wait = self.read_deadline  # the selector saw data: the first request is already arriving
         while True:
-            head_only, close = False, True
+            head_only = False
             try:
                 req = self._read_head(conn, wait)
-                if req is None:
-                    if self._stop:
-                        self._close(conn)
-                    return not self._stop
+                if req is None: return True if not self._stop else self._finish(conn)  # quiet: park it
                 head_only = req[0] == "HEAD"
                 status, extra, ctype, body, close = self._handle(conn, *req)
-            except _Gone:
-                self._close(conn)
-                return False
-            except HttpError as e:
-                status, extra, ctype, body = e.status, e.headers, "application/json", _json_bytes(
-                    {"error": e.code, "message": e.message})
+                data = self._response(status, body, close, ctype, extra, head_only)
+            except _Gone: return self._finish(conn)
+            except RequestError as e:
+                status, close, data = e.status, True, self._error(e.status, e.code, e.message, e.headers, head_only)
             except Exception:  # a bug must still answer, never drop the connection or print a traceback
-                status, extra, ctype, body = 500, [], "application/json", _json_bytes(
-                    {"error": "internal_error", "message": "the server failed to handle the request"})
-            if status >= 400:
-                self.service.count("errors_by_status", str(status))
+                status, close, data = 500, True, self._error(500, "internal_error", "the request could not be handled")
+            if status >= 400: self.service.count("errors_by_status", str(status))
+            if close: return self._finish(conn, data, linger=2.0)
             try:
                 conn.sock.settimeout(self.read_deadline)
-                conn.sock.sendall(self._response(status, body, close, ctype, extra, head_only))
-            except OSError:
-                self._close(conn)
-                return False
-            if close:
-                self._linger(conn)
-                return False
+                conn.sock.sendall(data)
+            except OSError: return self._finish(conn)
             wait = GRACE
 
-    def _response(self, status, body, close, ctype="application/json", extra=(), head_only=False):
-        lines = ["HTTP/1.1 %d %s" % (status, _PHRASES[status])]
-        if status != 204:
-            lines.append("Content-Type: " + ctype)
-            lines.append("Content-Length: %d" % len(body))
-        lines.append("Cache-Control: no-store\r\nX-Content-Type-Options: nosniff")
-        if close:
-            lines.append("Connection: close")
-        lines.extend("%s: %s" % h for h in extra)
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        return head if head_only or status == 204 else head + body
-
-    def _linger(self, conn):
-        """Close after an error without resetting the connection: stop sending, discard input for up to 2 s."""
-        s = conn.sock
+    def _recv(self, conn, timeout):
         try:
-            s.shutdown(socket.SHUT_WR)
-            end = time.monotonic() + 2.0
-            while time.monotonic() < end:
-                s.settimeout(0.2)  # a client that goes quiet is done
-                if not s.recv(65536):
-                    break
-        except OSError:
-            pass
-        self._close(conn)
-
-    def _recv(self, conn, deadline):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise HttpError(408, "request_timeout", "the request was not received within %gs" % self.read_deadline)
-        conn.sock.settimeout(left)
-        try:
-            data = conn.sock.recv(65536)
-        except socket.timeout:
-            raise HttpError(408, "request_timeout", "the request was not received within %gs" % self.read_deadline)
-        except OSError:
-            raise _Gone()
-        return data
+            conn.sock.settimeout(max(timeout, 0.001))
+            return conn.sock.recv(65536)
+        except socket.timeout: raise RequestError("request_timeout", "not received in %gs" % self.read_deadline, 408)
+        except OSError: raise _Gone()
 
     def _read_head(self, conn, wait):
         """Read and parse one request head; None when no byte arrives within wait."""
         buf = conn.buf
         if not buf:
-            conn.sock.settimeout(wait)
             try:
-                data = conn.sock.recv(65536)
-            except socket.timeout:
-                return None
-            except OSError:
-                raise _Gone()
-            if not data:
-                raise _Gone()
+                data = self._recv(conn, wait)
+            except RequestError: return None
+            if not data: raise _Gone()
             buf += data
         deadline = time.monotonic() + self.read_deadline
         while True:
             i, j = buf.find(b"\n\r\n"), buf.find(b"\n\n")
             end = -1 if i < 0 and j < 0 else i + 3 if j < 0 or 0 <= i < j else j + 2
             if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
-                raise HttpError(431, "headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD)
-            if end >= 0:
-                break
-            data = self._recv(conn, deadline)
-            if not data:
-                raise HttpError(400, "truncated_request", "the connection closed inside the request head")
+                raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
+            if end >= 0: break
+            data = self._recv(conn, deadline - time.monotonic())
+            if not data: raise RequestError("truncated_request", "the connection closed inside the request head")
             buf += data
-        head = bytes(buf[:end]).decode("latin-1")
+        lines = bytes(buf[:end]).decode("latin-1").split("\n")
         del buf[:end]
-        lines = head.split("\n")
-        parts = lines[0].rstrip("\r").split(" ")
-        if len(parts) != 3 or not parts[0].isalpha() or not parts[0].isupper() or not (
-                parts[1].startswith("/") or parts[1] == "*"):
-            raise HttpError(400, "bad_request_line", "malformed request line")
-        if parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
-            raise HttpError(400, "unsupported_http_version", "only HTTP/1.1 and HTTP/1.0 are supported")
+        method, _, rest = lines[0].rstrip("\r").partition(" ")
+        target, _, version = rest.partition(" ")
+        if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*") and version and " " not in version):
+            raise RequestError("bad_request_line", "malformed request line")
+        if version not in ("HTTP/1.1", "HTTP/1.0"): raise RequestError("unsupported_http_version", "use HTTP/1.1")
         headers = {}
-        for line in lines[1:]:
-            line = line.rstrip("\r")
-            if not line:
-                continue
+        for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
             name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip() or line[0] in " \t" or len(headers) >= 100:
-                raise HttpError(400, "bad_header", "malformed header line")
+            if not sep or not name or name != name.strip() or len(headers) >= 100:  # also refuses folded lines
+                raise RequestError("bad_header", "malformed header line")
             name, value = name.lower(), value.strip()
-            if name in headers:
-                if name in ("content-length", "transfer-encoding", "authorization", "origin", "content-type"):
-                    raise HttpError(400, "duplicate_header", "a header that must be single is repeated")
-                value = headers[name] + ", " + value
-            headers[name] = value
-        conn_hdr = headers.get("connection", "").lower()
-        keep = "close" not in conn_hdr if parts[2] == "HTTP/1.1" else "keep-alive" in conn_hdr
-        return parts[0], parts[1].split("?", 1)[0], headers, keep, deadline
+            if name in headers and name in ("content-length", "transfer-encoding", "authorization", "origin", "content-type"):
+                raise RequestError("duplicate_header", "a header that must be single is repeated")
+            headers[name] = headers[name] + ", " + value if name in headers else value
+        connection = headers.get("connection", "").lower()
+        keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+        return method, target.split("?", 1)[0], headers, keep, deadline
 
     def _handle(self, conn, method, path, headers, keep, deadline):
         """Route one request; returns (status, extra headers, content type, body, close)."""
-        unread = "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", "")
-        close = not keep or unread
-        if path == "*" and method == "OPTIONS":
-            return 204, [("Allow", _ALLOW["*"])], "", b"", close
-        route = ROUTES.get(path)
-        if route is None:
-            raise HttpError(404, "not_found", "no such path; see GET /spec")
+        close = not keep or "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", "")
+        route = "*" if path == "*" and method == "OPTIONS" else ROUTES.get(path)
+        if route is None: raise RequestError("not_found", "no such path; see GET /spec", 404)
         allow = [("Allow", _ALLOW[route])]
-        if method == "OPTIONS":
-            return 204, allow, "", b"", close
-        if method not in _ALLOW[route].split(", "):
-            raise HttpError(405, "method_not_allowed", "use " + _ALLOW[route], allow)
+        if method == "OPTIONS": return 204, allow, "", b"", close
+        if method not in _ALLOW[route].split(", "): raise RequestError("method_not_allowed", "see Allow", 405, allow)
+        if path == "/":
+            return 200, [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")], "text/html; charset=utf-8", \
+                self._docs[path], close
         if route == "GET":
-            if path == "/":
-                return 200, [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")], \
-                    "text/html; charset=utf-8", self._page, close
-            if path in self._docs:
-                return 200, [], "application/json", self._docs[path], close
-            obj = {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
-            return 200, [], "application/json", _json_bytes(obj), close
-        if "transfer-encoding" in headers:
-            raise HttpError(411, "length_required", "chunked bodies are not accepted; send Content-Length")
+            return 200, [], "application/json", self._docs.get(path) or _json_text({"status": "ok", "version": VERSION}
+                                                  if path == "/healthcheck" else self.service.stats()).encode(), close
         length = headers.get("content-length")
-        if length is None:
-            raise HttpError(411, "length_required", "a POST needs Content-Length")
+        if "transfer-encoding" in headers or length is None:
+            raise RequestError("length_required", "send the body with Content-Length (chunked is not accepted)", 411)
         if not (length.isascii() and length.isdigit() and len(length) <= 15):
-            raise HttpError(400, "bad_content_length", "Content-Length must be a decimal number")
-        if int(length) > self.max_body:
-            raise HttpError(413, "body_too_large", "the body exceeds %d bytes" % self.max_body)
-        origin = headers.get("origin")
-        if origin is not None and origin not in self.origins:
-            raise HttpError(403, "forbidden_origin", "this Origin is not allowed (see --allow-origin)")
-        if self.token is not None:
-            scheme, _, given = headers.get("authorization", "").partition(" ")
-            if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), self.token)):
-                raise HttpError(401, "unauthorized", "send Authorization: Bearer <token>",
-                                [("WWW-Authenticate", "Bearer")])
+            raise RequestError("bad_content_length", "Content-Length must be a decimal number")
+        if int(length) > self.max_body: raise RequestError("body_too_large", "over %d bytes" % self.max_body, 413)
+        if headers.get("origin") not in self.origins:  # DNS-rebinding protection
+            raise RequestError("forbidden_origin", "this Origin is not allowed (see --allow-origin)", 403)
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if self.token is not None and not (scheme.lower() == "bearer" and hmac.compare_digest(
+                given.strip().encode("latin-1"), self.token)):
+            raise RequestError("unauthorized", "send Authorization: Bearer <token>", 401, [("WWW-Authenticate", "Bearer")])
         if headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-            raise HttpError(415, "unsupported_media_type", "Content-Type must be application/json")
-        if headers.get("expect", "").lower() == "100-continue":
-            conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        need, buf = int(length), conn.buf
-        while len(buf) < need:
-            data = self._recv(conn, deadline)
-            if not data:
-                raise HttpError(400, "truncated_body", "the connection closed before Content-Length bytes arrived")
-            buf += data
-        body = bytes(buf[:need])
-        del buf[:need]
+            raise RequestError("unsupported_media_type", "Content-Type must be application/json", 415)
+        if headers.get("expect", "").lower() == "100-continue": conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        while len(conn.buf) < int(length):
+            data = self._recv(conn, deadline - time.monotonic())
+            if not data: raise RequestError("truncated_body", "the connection closed before Content-Length bytes came")
+            conn.buf += data
+        body = bytes(conn.buf[:int(length)])
+        del conn.buf[:int(length)]
         status, obj = self.service.post(path, body, headers)
-        return status, [], "application/json", b"" if obj is None else _json_bytes(obj), not keep
+        return status, [], "application/json", b"" if obj is None else _json_text(obj).encode("utf-8"), not keep
 
-
-# ---------------------------------------------------------------------------------------------------
-# §9 Command line
-# ---------------------------------------------------------------------------------------------------
+# ---- §9 Command line ---------------------------------------------------------------------------------------------
 def _fail(message):
     sys.stderr.write("verify_action.py: error: %s\n" % message)
     return 2
-
 
 def _origin(value):
     parts = urllib.parse.urlsplit(value)
@@ -1902,83 +1250,67 @@ def _origin(value):
         raise argparse.ArgumentTypeError("expected scheme://host[:port]")
     return value
 
-
 def main(argv=None):
     """Command-line entry point; returns the exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, fail = sys.argv[1:] if argv is None else list(argv), _fail
+    p = argparse.ArgumentParser(prog="verify_action.py " + argv[0] if argv[:1] in (["keygen"], ["verify-receipt"])
+                                else "verify_action.py", description=__doc__.split("\n\n")[0])
     if argv[:1] in (["keygen"], ["verify-receipt"]):
-        p = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
-        if argv[0] == "verify-receipt":
-            p.add_argument("file", help="a receipt, or a whole /verify response, as JSON")
+        if argv[0] == "verify-receipt": p.add_argument("file", help="a receipt, or a whole /verify response, as JSON")
         p.add_argument("--key-file", required=True)
         a = p.parse_args(argv[1:])
         try:
             if argv[0] == "keygen":
-                print(keygen(a.key_file))
+                print(keygen(a.key_file))  # the new kid
                 return 0
             ring = load_keyring(a.key_file)
             with open(a.file, "rb") as f:
                 doc = strict_loads(f.read(MAX_BODY + 1))
-        except (OSError, ValueError) as e:
-            return _fail(e.message if isinstance(e, RequestError) else str(e))
-        if isinstance(doc, dict) and isinstance(doc.get("receipt"), dict) and "aar_verdict" in doc:
-            doc = doc["receipt"]
+        except (OSError, ValueError) as e: return fail(getattr(e, "message", None) or e)
+        doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
         valid, reason, kid = verify_receipt(doc, ring)
         print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
         return 0 if valid else 1
-    p = argparse.ArgumentParser(prog="verify_action.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1", help="bind address; a non-loopback one is an explicit opt-in")
-    p.add_argument("--port", type=int, default=8092, help="0 picks a free port (printed on stderr)")
-    p.add_argument("--key-file", help="key ring (see keygen); without it an ephemeral key is used")
-    p.add_argument("--max-body", type=int, default=MAX_BODY)
-    p.add_argument("--workers", type=int, default=16)
-    p.add_argument("--token-file", help="every POST then needs Authorization: Bearer <token>")
-    p.add_argument("--issuer", default="verify_action.py", help="issued_by in receipts")
-    p.add_argument("--allow-origin", action="append", default=[], type=_origin, metavar="ORIGIN")
-    p.add_argument("--stdio", action="store_true", help="serve MCP over stdin/stdout instead of HTTP")
+    for flag, kw in (("--host", dict(default="127.0.0.1", help="bind address; non-loopback is an explicit opt-in")),
+                     ("--port", dict(type=int, default=8092, help="0 picks a free port (printed on stderr)")),
+                     ("--key-file", dict(help="key ring (see keygen); without it an ephemeral key is used")),
+                     ("--max-body", dict(type=int, default=MAX_BODY)), ("--workers", dict(type=int, default=16)),
+                     ("--token-file", dict(help="every POST then needs Authorization: Bearer <token>")),
+                     ("--issuer", dict(default="verify_action.py", help="issued_by in receipts")),
+                     ("--allow-origin", dict(action="append", default=[], type=_origin, metavar="ORIGIN")),
+                     ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP"))):
+        p.add_argument(flag, **kw)
     a = p.parse_args(argv)
-    if not 0 <= a.port <= 65535 or not 1 <= a.workers <= 256 or not 1024 <= a.max_body <= 64 << 20:
-        return _fail("--port 0-65535, --workers 1-256, --max-body 1024-67108864")
-    if not 0 < len(a.issuer) <= 128:
-        return _fail("--issuer must be 1-128 characters")
-    token = None
+    if not (0 <= a.port <= 65535 and 1 <= a.workers <= 256 and 1024 <= a.max_body <= 64 << 20 and 0 < len(a.issuer) <= 128):
+        return fail("--port 0-65535, --workers 1-256, --max-body 1024-67108864, --issuer 1-128 characters")
     try:
         ring = load_keyring(a.key_file) if a.key_file else KeyRing.generate()
-        if a.token_file:
-            token = (read_private_file(a.token_file).strip().splitlines() or [""])[0].strip().encode("utf-8")
-            if len(token) < 16:
-                return _fail("the token in --token-file must be at least 16 characters")
-    except (OSError, ValueError) as e:
-        return _fail(str(e))
+        token = read_private_file(a.token_file).strip().encode("utf-8") if a.token_file else None
+    except (OSError, ValueError) as e: return fail(e)
+    if token is not None and (len(token) < 16 or b"\n" in token): return fail("--token-file: one token, >= 16 characters")
     if ring.ephemeral:
         sys.stderr.write("verify_action.py: no --key-file: using an ephemeral key (kid %s); its receipts cannot be "
-                         "verified after a restart. Create a key ring with: verify_action.py keygen --key-file F\n"
-                         % ring.kid)
+                         "verified after a restart. Create a key ring with: verify_action.py keygen --key-file F\n" % ring.kid)
     service = Service(ring, a.issuer)
     if a.stdio:
-        out = sys.stdout.buffer
-        sys.stdout = sys.stderr  # a stray print must never corrupt the protocol stream
+        out, sys.stdout = sys.stdout.buffer, sys.stderr  # a stray print must never corrupt the protocol stream
         try:
             serve_stdio(service, sys.stdin.buffer, out)
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt: pass
         return 0
     try:
         server = Server(service, a.host, a.port, a.workers, a.max_body, token, a.allow_origin)
-    except OSError as e:
-        return _fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
+    except OSError as e: return fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
     if not _is_loopback(a.host) and token is None:
-        sys.stderr.write("verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who "
-                         "can reach this port can obtain signed receipts\n" % a.host)
-    host = "[%s]" % a.host if ":" in a.host else a.host
-    sys.stderr.write("verify_action.py %s listening on http://%s:%d (kid %s)\n" % (VERSION, host, server.port, ring.kid))
+        sys.stderr.write("verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can reach "
+                         "this port can obtain signed receipts\n" % a.host)
+    sys.stderr.write("verify_action.py %s listening on http://%s:%d (kid %s)\n" % (
+        VERSION, "[%s]" % a.host if ":" in a.host else a.host, server.port, ring.kid))
     sys.stderr.flush()
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt: pass
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
