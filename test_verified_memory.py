@@ -8,6 +8,7 @@
 Tests that need real OpenSSH call ssh-keygen when it is on PATH and skip cleanly otherwise.
 """
 
+import base64
 import contextlib
 import hashlib
 import io
@@ -1548,6 +1549,713 @@ def conformance(folder, quiet=False):
     if not quiet:
         print("Wycheproof Ed25519: %d/%d passed" % (passed, total))
     return 0 if passed == total == data["numberOfTests"] else 1
+
+
+# ---------------------------------------------------------------------------
+# Signed and dated packs: SSHSIG, keys, PACK.json and the host's trust policy
+# ---------------------------------------------------------------------------
+
+# Made once with ssh-keygen 9.2p1 (`ssh-keygen -Y sign -f k1 -n NS [-O hashalg=sha256] SHA256SUMS`) so the
+# core tests run where OpenSSH is not installed. The signed message is FIXTURE_MESSAGE.
+FIXTURE_MESSAGE = b"0" * 64 + b"  MEMORY.md\n"
+FIXTURE_PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE24CX2WlOQyQc1ZaK0o/I5m5MKY3bdhQEVBUFvuXolY fixture"
+FIXTURE_FINGERPRINT = "SHA256:P+7IT+YU3hRjV+MP3cV+wl1TjG5UkN0tm/quc6YfUg0"     # as `ssh-keygen -l` printed it
+FIXTURE_SIGNATURES = {
+    "good": """-----BEGIN SSH SIGNATURE-----
+U1NIU0lHAAAAAQAAADMAAAALc3NoLWVkMjU1MTkAAAAgTbgJfZaU5DJBzVlorSj8jmbkwp
+jdt2FARUFQW+5eiVgAAAAXdmVyaWZpZWQtbWVtb3J5LXBhY2stdjEAAAAAAAAABnNoYTUx
+MgAAAFMAAAALc3NoLWVkMjU1MTkAAABAnhuDRPjtDFRFFqcxacTcjE5GQ9XTMhg1Q3q9oX
+AXtM+vIIoje8xVLsRuTy4YWJS4osViFCzPe3RicJnyT//CDQ==
+-----END SSH SIGNATURE-----
+""",
+    "sha256": """-----BEGIN SSH SIGNATURE-----
+U1NIU0lHAAAAAQAAADMAAAALc3NoLWVkMjU1MTkAAAAgTbgJfZaU5DJBzVlorSj8jmbkwp
+jdt2FARUFQW+5eiVgAAAAXdmVyaWZpZWQtbWVtb3J5LXBhY2stdjEAAAAAAAAABnNoYTI1
+NgAAAFMAAAALc3NoLWVkMjU1MTkAAABAcGKFRswyGJl0TZIBOBaR8H4CP/uO6+r0iBhAJu
+FOQXQngvyPJbBk2SvHVsbWM8NQEzFUrr26RC/XPMPoQpL+DA==
+-----END SSH SIGNATURE-----
+""",
+    "git-namespace": """-----BEGIN SSH SIGNATURE-----
+U1NIU0lHAAAAAQAAADMAAAALc3NoLWVkMjU1MTkAAAAgTbgJfZaU5DJBzVlorSj8jmbkwp
+jdt2FARUFQW+5eiVgAAAADZ2l0AAAAAAAAAAZzaGE1MTIAAABTAAAAC3NzaC1lZDI1NTE5
+AAAAQP9LlkWAyWa+ZUZ5JvOOAu81ei2z+ey40I9bZ1Djqy/WPK/oC4L3N7mHSyYihpupRx
++rkgA/gwi31mKvNPtFDgE=
+-----END SSH SIGNATURE-----
+""",
+    "rsa": """-----BEGIN SSH SIGNATURE-----
+U1NIU0lHAAAAAQAAAJcAAAAHc3NoLXJzYQAAAAMBAAEAAACBAJje/r/uOtK9zsnv91mj1s
++JMKDVxfvtdwYJ31p9lJ/zOl9tkSAGf21mxJfMqtJt9LP83YCuGVg88K0R9prWO9fweFlm
+m2q24zFiWHN3MzywulDdREMoFgyPTk6fjliesKdlu+efTUxwQYuYK7oXQrgCWJWVTS1kjM
+7WQKWjuYErAAAAF3ZlcmlmaWVkLW1lbW9yeS1wYWNrLXYxAAAAAAAAAAZzaGE1MTIAAACU
+AAAADHJzYS1zaGEyLTUxMgAAAIB1uXxcak5EjHWjpSpKsCp1DYKMMS/IAASTXf9+gLozUE
+CvkSlC+J0YNMNzTRyCFGZZAN4v00zkQ45a7d/rqwYD6Hz0LPsi5fSZpkgbCEN+p7q5EHWv
+91i1TpvkoKSfZ/pSWaIDxHF7HaGfJXIFqsl691HUr5jqOwvGZVP7uOvEkg==
+-----END SSH SIGNATURE-----
+""",
+}
+NAMESPACE = b"verified-memory-pack-v1"
+_KEYS = {}
+
+
+def test_key(seed):
+    """(public key, key blob, fingerprint, `name ssh-ed25519 AAAA...` text) for a test key from `seed`."""
+    if seed not in _KEYS:
+        pk = r_keypair(seed)[2]
+        blob = vm.ssh_string(b"ssh-ed25519") + vm.ssh_string(pk)
+        fp = "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+        _KEYS[seed] = (pk, blob, fp, "ssh-ed25519 " + base64.b64encode(blob).decode())
+    return _KEYS[seed]
+
+
+def sshsig(seed, message, namespace=NAMESPACE, hashalg=b"sha512", version=1, reserved=b"", key_blob=None,
+           sig_type=b"ssh-ed25519", signature=None, trailing=b"", wrap=70):
+    """An armored SSHSIG over `message`, signed by the reference signer; every field can be bent."""
+    pk, blob, _, _ = test_key(seed)
+    digest = hashlib.new(hashalg.rstrip(b"\0").decode() if hashalg.rstrip(b"\0") in (b"sha256", b"sha512")
+                         else "sha512", message).digest()
+    signed = b"SSHSIG" + vm.ssh_string(namespace) + vm.ssh_string(b"") + vm.ssh_string(hashalg) + vm.ssh_string(digest)
+    sig = r_sign(seed, signed)[1] if signature is None else signature
+    body = (b"SSHSIG" + version.to_bytes(4, "big") + vm.ssh_string(key_blob or blob) + vm.ssh_string(namespace)
+            + vm.ssh_string(reserved) + vm.ssh_string(hashalg)
+            + vm.ssh_string(vm.ssh_string(sig_type) + vm.ssh_string(sig)) + trailing)
+    encoded = base64.b64encode(body)
+    lines = b"".join(encoded[i:i + wrap] + b"\n" for i in range(0, len(encoded), wrap))
+    return b"-----BEGIN SSH SIGNATURE-----\n" + lines + b"-----END SSH SIGNATURE-----\n"
+
+
+KEY_A, KEY_B, KEY_C = b"\x0a" * 32, b"\x0b" * 32, b"\x0c" * 32
+FRESH = {"created_utc": "2026-11-01T00:00:00Z", "expires_utc": "2027-01-01T00:00:00Z"}
+
+
+def pack_json(sequence=None, **dates):
+    obj = {"format": "verified-memory-pack", "version": 2}
+    obj.update(FRESH)
+    obj.update(dates)
+    if sequence is not None:
+        obj["sequence"] = sequence
+    return json.dumps(obj, indent=2) + "\n"
+
+
+class SignedCase(TempDirCase):
+    def signed_pack(self, seed=KEY_A, dates=None, name="signed", source=EXAMPLE):
+        """A copy of the example pack with PACK.json (text, or None for none), resealed and signed."""
+        pack = self.copy_pack(name, source)
+        if dates is not None:
+            write(os.path.join(pack, "PACK.json"), dates)
+        reseal(pack)
+        if seed is not None:
+            write(os.path.join(pack, "SHA256SUMS.sig"), sshsig(seed, read(os.path.join(pack, "SHA256SUMS"))))
+        return pack
+
+    def policy(self, trusted=(), pinned=(), **flags):
+        return vm.TrustPolicy({test_key(seed)[2]: name for seed, name in trusted},
+                              [test_key(seed)[2] for seed in pinned], **flags)
+
+    def verification(self, pack, policy=None, now=NOW):
+        return self.load(pack, policy, now).verification(now)
+
+
+class TestSshsigFormat(SignedCase):
+    def refuse(self, armored, message, data=FIXTURE_MESSAGE):
+        with self.assertRaises(vm.PackError) as caught:
+            vm.verify_sshsig(armored, data)
+        self.assertEqual(str(caught.exception), "SHA256SUMS.sig: " + message)
+
+    def test_ssh_keygen_fixture_verifies_and_fingerprints_match(self):
+        blob = vm.verify_sshsig(FIXTURE_SIGNATURES["good"].encode(), FIXTURE_MESSAGE)
+        self.assertEqual(base64.b64encode(blob).decode(), FIXTURE_PUB.split()[1])
+        self.assertEqual(vm.fingerprint(blob), FIXTURE_FINGERPRINT)
+
+    def test_ssh_keygen_fixture_over_other_bytes_fails(self):
+        self.refuse(FIXTURE_SIGNATURES["good"].encode(), "signature does not verify: SHA256SUMS changed after "
+                    "signing, or the signature is damaged", FIXTURE_MESSAGE.replace(b"0", b"1", 1))
+
+    def test_only_sha512_the_namespace_and_ed25519(self):
+        self.refuse(FIXTURE_SIGNATURES["sha256"].encode(), "hash algorithm is 'sha256'; only sha512 is accepted")
+        self.refuse(FIXTURE_SIGNATURES["git-namespace"].encode(),
+                    "namespace is 'git'; only verified-memory-pack-v1 is accepted")
+        self.refuse(FIXTURE_SIGNATURES["rsa"].encode(), "signer public key holds a ssh-rsa key, not ssh-ed25519")
+
+    def test_reference_signer_matches_ssh_keygen_format(self):
+        armored = sshsig(KEY_A, b"data\n")
+        self.assertEqual(vm.verify_sshsig(armored, b"data\n"), test_key(KEY_A)[1])
+
+    def test_armor(self):
+        good = sshsig(KEY_A, FIXTURE_MESSAGE)
+        cases = (
+            (good.replace(b"\n", b"\r\n"), "does not start with the line -----BEGIN SSH SIGNATURE-----"),
+            (b"\n" + good, "does not start with the line -----BEGIN SSH SIGNATURE-----"),
+            (good.replace(b"BEGIN", b"begin"), "does not start with the line -----BEGIN SSH SIGNATURE-----"),
+            (good + b"\n", "does not end with the line -----END SSH SIGNATURE----- and one newline"),
+            (good + b"junk\n", "does not end with the line -----END SSH SIGNATURE----- and one newline"),
+            (good[:-1], "does not end with the line -----END SSH SIGNATURE----- and one newline"),
+            (good.replace(b"-----\n", b"-----\n\n", 1), "armor body must be non-empty base64 lines, each ending "
+                                                      "in a newline"),
+            (b"-----BEGIN SSH SIGNATURE-----\n-----END SSH SIGNATURE-----\n", "armor body must be non-empty "
+                                                                            "base64 lines, each ending in a newline"),
+        )
+        for armored, message in cases:
+            with self.subTest(message=message, armored=armored[:40]):
+                self.refuse(armored, message)
+        self.assertTrue(vm.verify_sshsig(sshsig(KEY_A, FIXTURE_MESSAGE, wrap=1000), FIXTURE_MESSAGE))
+
+    def test_strict_base64(self):
+        good = sshsig(KEY_A, FIXTURE_MESSAGE)
+        lines = good.split(b"\n")
+        body = b"".join(lines[1:-2])
+        for bad in (body.rstrip(b"=") , body + b"=", body[:10] + b" " + body[10:], body[:10] + b"*" + body[11:],
+                    body[:-3] + bytes([body[-3] ^ 1]) + body[-2:]):       # non-zero bits before the padding
+            with self.subTest(body=bad[-8:]):
+                self.refuse(lines[0] + b"\n" + bad + b"\n" + lines[-2] + b"\n", "armor body is not canonical base64")
+
+    def test_blob_fields(self):
+        m = FIXTURE_MESSAGE
+        pk = test_key(KEY_A)[0]
+        cases = (
+            (dict(version=0), "SSHSIG version is 0; only version 1 is accepted"),
+            (dict(version=2), "SSHSIG version is 2; only version 1 is accepted"),
+            (dict(namespace=b"verified-memory-pack-v1\0"),
+             "namespace is 'verified-memory-pack-v1\\x00'; only verified-memory-pack-v1 is accepted"),
+            (dict(namespace=b"file"), "namespace is 'file'; only verified-memory-pack-v1 is accepted"),
+            (dict(reserved=b"xyz"), "reserved field is not empty"),
+            (dict(hashalg=b"sha512\0"), "hash algorithm is 'sha512\\x00'; only sha512 is accepted"),
+            (dict(hashalg=b"SHA512"), "hash algorithm is 'SHA512'; only sha512 is accepted"),
+            (dict(key_blob=vm.ssh_string(b"ssh-ed25519") + vm.ssh_string(pk[:31])),
+             "signer public key is not a 32-byte ssh-ed25519 key"),
+            (dict(key_blob=vm.ssh_string(b"ssh-ed25519") + vm.ssh_string(pk) + b"\0"),
+             "signer public key is not a 32-byte ssh-ed25519 key"),
+            (dict(key_blob=vm.ssh_string(b"ssh-ed448") + vm.ssh_string(pk)),
+             "signer public key holds a ssh-ed448 key, not ssh-ed25519"),
+            (dict(sig_type=b"rsa-sha2-512"), "signature type is not ssh-ed25519"),
+            (dict(signature=b"\1" * 63), "Ed25519 signature is not exactly 64 bytes"),
+            (dict(signature=b"\1" * 65), "Ed25519 signature is not exactly 64 bytes"),
+            (dict(trailing=b"\0"), "blob has 1 bytes of trailing data"),
+        )
+        for bend, message in cases:
+            with self.subTest(message=message):
+                self.refuse(sshsig(KEY_A, m, **bend), message)
+
+    def test_magic_and_truncation(self):
+        good = sshsig(KEY_A, FIXTURE_MESSAGE)
+        blob = base64.b64decode(b"".join(good.split(b"\n")[1:-2]))
+        for bad, message in ((b"SSHSIH" + blob[6:], "blob does not start with the magic SSHSIG"),
+                             (blob[:-1], "signature blob is truncated"), (blob[:8], "signature blob is truncated")):
+            encoded = base64.b64encode(bad)
+            self.refuse(b"-----BEGIN SSH SIGNATURE-----\n" + encoded + b"\n-----END SSH SIGNATURE-----\n", message)
+
+    def test_every_bit_of_the_signature_matters(self):
+        good = sshsig(KEY_A, FIXTURE_MESSAGE)
+        blob = bytearray(base64.b64decode(b"".join(good.split(b"\n")[1:-2])))
+        for position in (len(blob) - 1, len(blob) - 33, len(blob) - 64):      # S, R
+            bent = bytearray(blob)
+            bent[position] ^= 0x40
+            armored = b"-----BEGIN SSH SIGNATURE-----\n" + base64.b64encode(bytes(bent)) + \
+                b"\n-----END SSH SIGNATURE-----\n"
+            self.refuse(armored, "signature does not verify: SHA256SUMS changed after signing, or the signature "
+                                 "is damaged")
+
+    def test_size_limit(self):
+        pack = self.signed_pack()
+        with open(os.path.join(pack, "SHA256SUMS.sig"), "ab") as f:
+            f.write(b"x" * 4096)
+        size = os.path.getsize(os.path.join(pack, "SHA256SUMS.sig"))
+        self.assertRefused(pack, "SHA256SUMS.sig: is %d bytes; the limit is 4096" % size)
+
+
+class TestKeysAndFingerprints(TempDirCase):
+    def refuse(self, text, line, message):
+        with self.assertRaises(vm.PackError) as caught:
+            vm.parse_trusted_keys(text, "/keys")
+        self.assertEqual(str(caught.exception), "/keys line %d: %s" % (line, message))
+
+    def test_trusted_keys_lines(self):
+        pk_a, pk_b = test_key(KEY_A)[3], test_key(KEY_B)[3]
+        text = "# my keys\n\nalice %s alice's laptop\n   bob\t%s\r\n" % (pk_a, pk_b)
+        self.assertEqual(vm.parse_trusted_keys(text, "/keys"), {test_key(KEY_A)[2]: "alice", test_key(KEY_B)[2]: "bob"})
+        self.assertEqual(vm.parse_trusted_keys(FIXTURE_PUB.replace("ssh-ed25519", "fx ssh-ed25519", 1), "/k"),
+                         {FIXTURE_FINGERPRINT: "fx"})
+
+    def test_bad_trusted_keys_lines(self):
+        key = test_key(KEY_A)[3].split()[1]
+        options = "options are not supported; expected: name ssh-ed25519 AAAA... [comment]"
+        cases = (("alice", "expected: name ssh-ed25519 AAAA... [comment]"),
+                 ("alice ssh-ed25519", "expected: name ssh-ed25519 AAAA... [comment]"),
+                 ("ssh-ed25519 " + key, "expected: name ssh-ed25519 AAAA... [comment]"),
+                 ('alice namespaces="verified-memory-pack-v1" ssh-ed25519 ' + key, options),
+                 ("alice cert-authority ssh-ed25519 " + key, options),
+                 ("alice,bob ssh-ed25519 " + key, "name 'alice,bob' must be one literal name (no lists, patterns "
+                                                   "or quotes)"),
+                 ("*@example.com ssh-ed25519 " + key, "name '*@example.com' must be one literal name (no lists, "
+                                                       "patterns or quotes)"),
+                 ('"alice" ssh-ed25519 ' + key, "name '\"alice\"' must be one literal name (no lists, patterns "
+                                                 "or quotes)"),
+                 ("alice ssh-rsa " + key, "key type ssh-rsa is not supported; only ssh-ed25519 keys are"),
+                 ("alice ecdsa-sha2-nistp256 " + key, "key type ecdsa-sha2-nistp256 is not supported; only "
+                                                      "ssh-ed25519 keys are"),
+                 ("alice sk-ssh-ed25519@openssh.com " + key, "key type sk-ssh-ed25519@openssh.com is not "
+                                                             "supported; only ssh-ed25519 keys are"),
+                 ("alice ssh-ed25519 " + key[:-1], "key is not valid base64"),
+                 ("alice ssh-ed25519 " + key[:20] + "!" + key[21:], "key is not valid base64"),
+                 ("alice ssh-ed25519 " + base64.b64encode(vm.ssh_string(b"ssh-rsa") + b"\0" * 36).decode(),
+                  "key blob holds a ssh-rsa key, not ssh-ed25519"),
+                 ("alice ssh-ed25519 " + base64.b64encode(vm.ssh_string(b"ssh-ed25519") + vm.ssh_string(b"\1" * 33))
+                  .decode(), "key blob is not a 32-byte ssh-ed25519 key"))
+        for line, message in cases:
+            with self.subTest(line=line):
+                self.refuse("# header\n" + line + "\n", 2, message)
+        self.refuse("a %s\nb %s\n" % (test_key(KEY_A)[3], test_key(KEY_A)[3]), 2,
+                    "key %s is listed twice" % test_key(KEY_A)[2])
+
+    def test_revoked_keys(self):
+        fp = test_key(KEY_A)[2]
+        self.assertEqual(vm.parse_revoked_keys("# lost 2026-10-15\n%s old laptop\n\n  %s\n" % (fp, FIXTURE_FINGERPRINT),
+                                               "/r"), {fp, FIXTURE_FINGERPRINT})
+        for bad in ("SHA256:abc", fp + "=", "MD5:" + fp[7:], fp[:-1] + "B", "ssh-ed25519 AAAA"):
+            with self.subTest(line=bad):
+                with self.assertRaises(vm.PackError) as caught:
+                    vm.parse_revoked_keys("%s\n" % bad, "/r")
+                self.assertTrue(str(caught.exception).startswith("/r line 1: "), str(caught.exception))
+
+    def test_fingerprint_format(self):
+        self.assertEqual(vm.parse_fingerprint(FIXTURE_FINGERPRINT), FIXTURE_FINGERPRINT)
+        for bad in ("SHA256:" + "A" * 42, "SHA256:" + "A" * 44, "sha256:" + FIXTURE_FINGERPRINT[7:],
+                    FIXTURE_FINGERPRINT[:-1] + "1", " " + FIXTURE_FINGERPRINT):
+            with self.subTest(fingerprint=bad):
+                self.assertRaises(ValueError, vm.parse_fingerprint, bad)
+
+
+class TestPackJson(SignedCase):
+    def refuse(self, text, message):
+        pack = self.signed_pack(None, text, name="p%d" % len(os.listdir(self.tmp)))
+        self.assertRefused(pack, "PACK.json" + message)
+
+    def test_fields(self):
+        cases = (('{"format":"verified-memory-pack","version":2,"created_utc":"2026-01-01T00:00:00Z"}',
+                  ", field expires_utc: is missing"),
+                 (pack_json()[:-2] + ', "signer": "me"}\n', ", field signer: is not a PACK.json field"),
+                 (pack_json().replace('"verified-memory-pack"', '"vm-pack"'), ', field format: must be '
+                                                                            '"verified-memory-pack"'),
+                 (pack_json().replace('"version": 2', '"version": 2.0'), ", field version: must be the integer 2"),
+                 (pack_json().replace('"version": 2', '"version": 3'), ", field version: must be the integer 2"),
+                 (pack_json().replace('"version": 2', '"version": true'), ", field version: must be the integer 2"),
+                 (pack_json(created_utc="2026-11-01"), ", field created_utc: must be a UTC ISO 8601 time ending in "
+                                                       "Z or +00:00, like 2026-03-02T08:20:00Z"),
+                 (pack_json(expires_utc="2027-02-30T00:00:00Z"), ", field expires_utc: 2027-02-30T00:00:00Z is not "
+                                                                 "a real calendar date"),
+                 (pack_json(created_utc="2027-01-01T00:00:00+00:00"), ", field created_utc: must be before "
+                                                                      "expires_utc"),
+                 (pack_json(sequence=-1), ", field sequence: must be 0 or more"),
+                 (pack_json(sequence=True), ", field sequence: must be an integer"),
+                 (pack_json(sequence=3.0), ", field sequence: must be an integer"),
+                 ("[]", ": must be a JSON object"),
+                 (pack_json()[:-2] + ', "version": 2}\n', ': is not strict UTF-8 JSON: duplicate key "version"'),
+                 (b"\xff", ": is not strict UTF-8 JSON: 'utf-8' codec can't decode byte 0xff in position 0: "
+                           "invalid start byte"))
+        for text, message in cases:
+            with self.subTest(message=message):
+                self.refuse(text, message)
+
+    def test_listed_in_sha256sums(self):
+        pack = self.signed_pack(None, pack_json())
+        self.assertIn(b"  PACK.json\n", read(os.path.join(pack, "SHA256SUMS")))
+        write(os.path.join(pack, "PACK.json"), pack_json(expires_utc="2099-01-01T00:00:00Z"))
+        with self.assertRaises(vm.PackError) as caught:
+            self.load(pack)
+        self.assertTrue(str(caught.exception).startswith("PACK.json: SHA-256 of PACK.json is "))
+
+
+class TestHostsTableOne(SignedCase):
+    """The seed's first "What hosts do" table: pack kind x (default, --require-signature, --strict)."""
+
+    MODES = {"default": {}, "require": {"require_signature": True}, "strict": {"strict": True}}
+
+    def judge(self, pack, mode, trusted=((KEY_A, "alice"),), now=NOW):
+        return self.verification(pack, self.policy(trusted=trusted, **self.MODES[mode]), now)
+
+    def test_unsigned(self):
+        pack = self.copy_pack()
+        self.assertEqual(self.judge(pack, "default")["signature"]["status"], "unsigned")
+        self.assertRefused(pack, "pack is unsigned, but --require-signature requires a signature by a trusted key",
+                           self.policy(trusted=((KEY_A, "alice"),), require_signature=True))
+        self.assertRefused(pack, "pack is unsigned, but --strict requires a signature by a trusted key",
+                           self.policy(trusted=((KEY_A, "alice"),), strict=True))
+
+    def test_malformed_or_invalid_signature_refuses_in_every_mode(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        write(os.path.join(pack, "SHA256SUMS.sig"), sshsig(KEY_A, b"other bytes"))
+        for mode in self.MODES:
+            with self.subTest(mode=mode):
+                self.assertRefused(pack, "SHA256SUMS.sig: signature does not verify: SHA256SUMS changed after "
+                                         "signing, or the signature is damaged",
+                                   self.policy(trusted=((KEY_A, "alice"),), **self.MODES[mode]))
+
+    def test_valid_signature_key_not_in_your_file(self):
+        pack = self.signed_pack(KEY_B, pack_json())
+        verification = self.judge(pack, "default")
+        self.assertEqual(verification["signature"], {"status": "untrusted", "signer": None,
+                                                     "fingerprint": test_key(KEY_B)[2], "pinned": False})
+        self.assertFalse(verification["freshness"]["authenticated"])
+        for mode, flag in (("require", "--require-signature"), ("strict", "--strict")):
+            self.assertRefused(pack, "pack is signed by %s, which is not a trusted key, and %s requires a trusted "
+                                     "signature" % (test_key(KEY_B)[2], flag),
+                               self.policy(trusted=((KEY_A, "alice"),), **self.MODES[mode]))
+
+    def test_valid_signature_key_in_your_file(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        for mode in self.MODES:
+            with self.subTest(mode=mode):
+                verification = self.judge(pack, mode)
+                self.assertEqual(verification["signature"], {"status": "verified", "signer": "alice",
+                                                             "fingerprint": test_key(KEY_A)[2], "pinned": False})
+                self.assertEqual(verification["freshness"]["status"], "fresh")
+                self.assertTrue(verification["freshness"]["authenticated"])
+
+    def test_no_pack_json(self):
+        pack = self.signed_pack(KEY_A, None)
+        for mode in ("default", "require"):
+            self.assertEqual(self.judge(pack, mode)["freshness"], {"status": "unknown", "created_utc": None,
+                                                                  "expires_utc": None, "sequence": None,
+                                                                  "authenticated": False})
+        self.assertRefused(pack, "pack has no PACK.json expiry date, and --strict requires a signed, unexpired pack",
+                           self.policy(trusted=((KEY_A, "alice"),), strict=True))
+
+    def test_pack_json_not_yet_expired(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        for mode in self.MODES:
+            self.assertEqual(self.judge(pack, mode)["freshness"], {
+                "status": "fresh", "created_utc": "2026-11-01T00:00:00Z", "expires_utc": "2027-01-01T00:00:00Z",
+                "sequence": None, "authenticated": True})
+
+    def test_expired(self):
+        pack = self.signed_pack(KEY_A, pack_json(created_utc="2026-01-01T00:00:00Z",
+                                                 expires_utc="2026-06-01T00:00:00Z"))
+        for mode in ("default", "require"):
+            self.assertEqual(self.judge(pack, mode)["freshness"]["status"], "stale")
+        self.assertRefused(pack, "pack expired at 2026-06-01T00:00:00Z, and --strict refuses an expired pack",
+                           self.policy(trusted=((KEY_A, "alice"),), strict=True))
+        at_expiry = vm.parse_utc("2026-06-01T00:00:00Z")
+        self.assertEqual(self.judge(pack, "default", now=at_expiry)["freshness"]["status"], "stale")
+        self.assertEqual(self.judge(pack, "default", now=at_expiry - 1)["freshness"]["status"], "fresh")
+
+    def test_created_more_than_five_minutes_ahead(self):
+        pack = self.signed_pack(KEY_A, pack_json(created_utc="2026-11-30T12:05:00.000000001Z"))
+        for mode in ("default", "require"):
+            self.assertEqual(self.judge(pack, mode)["freshness"]["status"], "not_yet_valid")
+        self.assertRefused(pack, "pack created_utc 2026-11-30T12:05:00.000000001Z is more than 5 minutes in the "
+                                 "future (check this computer's clock), and --strict refuses it",
+                           self.policy(trusted=((KEY_A, "alice"),), strict=True))
+        exactly = self.signed_pack(KEY_A, pack_json(created_utc="2026-11-30T12:05:00Z"), name="exactly")
+        self.assertEqual(self.judge(exactly, "strict")["freshness"]["status"], "fresh")
+
+    def test_pack_json_or_its_checksum_tampered(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        write(os.path.join(pack, "PACK.json"), pack_json(expires_utc="2099-01-01T00:00:00Z"))
+        resealed = self.copy_pack("resealed", pack)
+        reseal(resealed)
+        for mode in self.MODES:
+            policy = self.policy(trusted=((KEY_A, "alice"),), **self.MODES[mode])
+            with self.assertRaises(vm.PackError):
+                self.load(pack, policy)
+            self.assertRefused(resealed, "SHA256SUMS.sig: signature does not verify: SHA256SUMS changed after "
+                                         "signing, or the signature is damaged", policy)
+
+    def test_folder_changes_while_running_in_every_mode(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        for mode in self.MODES:
+            tools = vm.ToolServer(self.load(pack, self.policy(trusted=((KEY_A, "a"),), **self.MODES[mode])),
+                                  lambda: NOW)
+            self.assertIsNone(tools.call("verified_memory_get", {"id": "M-garden-1"})[1])
+            os.utime(os.path.join(pack, "README.md"))
+            self.assertEqual(tools.call("verified_memory_get", {"id": "M-garden-1"}), (None, vm.CHANGED_ON_DISK))
+
+    def test_requirements_without_any_key_refuse_to_start(self):
+        for flags, flag in (({"require_signature": True}, "--require-signature"), ({"strict": True}, "--strict"),
+                            ({"min_sequence": 1}, "--min-sequence")):
+            with self.assertRaises(vm.PackError) as caught:
+                vm.TrustPolicy(**flags).check()
+            self.assertEqual(str(caught.exception), "%s requires a signature by a trusted key, but no "
+                                                    "--trusted-fingerprint is set and no key is listed in "
+                                                    "--trusted-keys" % flag)
+
+    def test_freshness_is_judged_on_every_call_and_strict_stops_serving(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        clock = [NOW]
+        for strict in (False, True):
+            tools = vm.ToolServer(self.load(pack, self.policy(trusted=((KEY_A, "a"),), strict=strict)),
+                                  lambda: clock[0])
+            clock[0] = NOW
+            payload, _ = tools.call("verified_memory_search", {"query": "compost"})
+            self.assertEqual(payload["verification"]["freshness"]["status"], "fresh")
+            clock[0] = vm.parse_utc("2027-01-01T00:00:00Z")            # the pack expires while running
+            payload, error = tools.call("verified_memory_get", {"id": "M-garden-7"})
+            if strict:
+                self.assertIsNone(payload)
+                self.assertEqual(error, "verified-memory: pack expired at 2027-01-01T00:00:00Z, and --strict refuses "
+                                        "an expired pack; no record data is served")
+                self.assertNotIn("GARDEN", error)
+                self.assertEqual(tools.call("verified_memory_search", {"query": "compost"})[0], None)
+            else:
+                self.assertEqual(payload["verification"]["freshness"]["status"], "stale")
+
+
+class TestHostsTableTwo(SignedCase):
+    """The seed's second table: revocation, pins and the minimum sequence, in any mode."""
+
+    def test_revoked_key_refuses_even_when_pinned_or_trusted(self):
+        pack = self.signed_pack(KEY_A, pack_json(sequence=4))
+        fp = test_key(KEY_A)[2]
+        for policy in (vm.TrustPolicy(revoked=[fp]), vm.TrustPolicy({fp: "alice"}, revoked=[fp]),
+                       vm.TrustPolicy({fp: "alice"}, [fp], [fp], 1, True, True)):
+            self.assertRefused(pack, "pack is signed by %s, which is revoked" % fp, policy)
+
+    def test_revocation_alone_does_not_require_a_signature(self):
+        self.assertEqual(self.verification(self.copy_pack(), vm.TrustPolicy(revoked=[test_key(KEY_A)[2]]))
+                         ["signature"]["status"], "unsigned")
+
+    def test_pinned_signer(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        self.assertEqual(self.verification(pack, self.policy(pinned=[KEY_A]))["signature"],
+                         {"status": "verified", "signer": "pinned", "fingerprint": test_key(KEY_A)[2], "pinned": True})
+        self.assertEqual(self.verification(pack, self.policy(trusted=((KEY_A, "alice"),), pinned=[KEY_A, KEY_C]))
+                         ["signature"]["signer"], "alice")
+        self.assertTrue(self.verification(pack, self.policy(pinned=[KEY_A]))["freshness"]["authenticated"])
+
+    def test_pins_refuse_any_other_key_even_a_trusted_one(self):
+        pack = self.signed_pack(KEY_B, pack_json())
+        self.assertRefused(pack, "pack is signed by %s, which is not a pinned signer fingerprint" % test_key(KEY_B)[2],
+                           self.policy(trusted=((KEY_B, "bob"),), pinned=[KEY_A]))
+
+    def test_pins_or_minimum_sequence_refuse_unsigned(self):
+        self.assertRefused(self.copy_pack(), "pack is unsigned, but --trusted-fingerprint requires a signature by a "
+                                             "pinned key", self.policy(pinned=[KEY_A]))
+        self.assertRefused(self.copy_pack("b"), "pack is unsigned, but --min-sequence requires a signature by a "
+                                                "trusted key", self.policy(trusted=((KEY_A, "a"),), min_sequence=1))
+
+    def test_minimum_sequence(self):
+        policy = self.policy(pinned=[KEY_A], min_sequence=5)
+        self.assertEqual(self.verification(self.signed_pack(KEY_A, pack_json(sequence=5), name="five"), policy)
+                         ["freshness"]["sequence"], 5)
+        self.assertEqual(self.verification(self.signed_pack(KEY_A, pack_json(sequence=9), name="nine"), policy)
+                         ["freshness"]["sequence"], 9)
+        self.assertRefused(self.signed_pack(KEY_A, pack_json(sequence=3), name="three"),
+                           "pack sequence 3 is lower than the minimum 5; refusing a possible rollback to an older "
+                           "pack", policy)
+        self.assertRefused(self.signed_pack(KEY_A, pack_json(), name="none"),
+                           "pack has no sequence in PACK.json, but --min-sequence 5 is set; refusing a possible "
+                           "rollback to an older pack", policy)
+        self.assertRefused(self.signed_pack(KEY_A, None, name="nodates"),
+                           "pack has no sequence in PACK.json, but --min-sequence 5 is set; refusing a possible "
+                           "rollback to an older pack", policy)
+
+    def test_a_sequence_without_a_minimum_is_reported_only(self):
+        pack = self.signed_pack(KEY_B, pack_json(sequence=0))
+        self.assertEqual(self.verification(pack)["freshness"]["sequence"], 0)
+
+    def test_order_of_checks(self):
+        # files before signature before revocation before pins before sequence before expiry
+        pack = self.signed_pack(KEY_A, pack_json(sequence=1, created_utc="2026-01-01T00:00:00Z",
+                                                 expires_utc="2026-02-01T00:00:00Z"))
+        fp = test_key(KEY_A)[2]
+        everything = vm.TrustPolicy({fp: "a"}, [test_key(KEY_B)[2]], [fp], 5, True, True)
+        self.assertRefused(pack, "pack is signed by %s, which is revoked" % fp, everything)
+        everything.revoked = frozenset()
+        self.assertRefused(pack, "pack is signed by %s, which is not a pinned signer fingerprint" % fp, everything)
+        everything.pinned = frozenset([fp])
+        self.assertRefused(pack, "pack sequence 1 is lower than the minimum 5; refusing a possible rollback to an "
+                                 "older pack", everything)
+        everything.min_sequence = 1
+        self.assertRefused(pack, "pack expired at 2026-02-01T00:00:00Z, and --strict refuses an expired pack",
+                           everything)
+        write(os.path.join(pack, "SHA256SUMS.sig"), sshsig(KEY_A, b"x"))
+        self.assertRefused(pack, "SHA256SUMS.sig: signature does not verify: SHA256SUMS changed after signing, or "
+                                 "the signature is damaged", everything)
+        write(os.path.join(pack, "MEMORY.md"), "edited\n")
+        with self.assertRaises(vm.PackError) as caught:
+            self.load(pack, everything)
+        self.assertTrue(str(caught.exception).startswith("MEMORY.md: SHA-256 of MEMORY.md is"))
+
+
+class TestRedTeam(SignedCase):
+    """The attacks the seed names, each refused."""
+
+    def test_file_swapped_after_signing(self):
+        pack = self.signed_pack(KEY_A, pack_json(sequence=2))
+        path = os.path.join(pack, "records.jsonl")
+        write(path, read(path).replace(b"GARDEN-ACCT-0042", b"ATTACK-ACCT-6666"))
+        with self.assertRaises(vm.PackError):                                   # swapped, checksums left alone
+            self.load(pack, self.policy(pinned=[KEY_A]))
+        reseal(pack)                                                            # swapped and resealed
+        self.assertRefused(pack, "SHA256SUMS.sig: signature does not verify: SHA256SUMS changed after signing, "
+                                 "or the signature is damaged", self.policy(pinned=[KEY_A]))
+
+    def test_broken_or_truncated_signature(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        sig = read(os.path.join(pack, "SHA256SUMS.sig"))
+        for bad in (sig[:100], sig[:-40] + sig[-28:], b"", sig.replace(b"A", b"B", 1)):
+            write(os.path.join(pack, "SHA256SUMS.sig"), bad)
+            with self.assertRaises(vm.PackError) as caught:
+                self.load(pack, self.policy(pinned=[KEY_A]))
+            self.assertTrue(str(caught.exception).startswith("SHA256SUMS.sig: "), caught.exception)
+
+    def test_signature_from_another_key_while_pinned(self):
+        self.assertRefused(self.signed_pack(KEY_C, pack_json()), "pack is signed by %s, which is not a pinned "
+                                                                 "signer fingerprint" % test_key(KEY_C)[2],
+                           self.policy(pinned=[KEY_A]))
+
+    def test_attacker_rewrites_the_trusted_keys_file_and_resigns(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        keys = os.path.join(self.tmp, "trusted_keys")
+        write(keys, "alice %s\n" % test_key(KEY_A)[3])
+        path = os.path.join(pack, "records.jsonl")
+        write(path, read(path).replace(b"GARDEN-ACCT-0042", b"ATTACK-ACCT-6666"))
+        reseal(pack)
+        write(os.path.join(pack, "SHA256SUMS.sig"), sshsig(KEY_C, read(os.path.join(pack, "SHA256SUMS"))))
+        write(keys, "alice %s\nmallory %s\n" % (test_key(KEY_A)[3], test_key(KEY_C)[3]))
+        trusted = vm.parse_trusted_keys(read(keys).decode(), keys)
+        self.assertEqual(self.verification(pack, vm.TrustPolicy(trusted, strict=True))["signature"]["signer"],
+                         "mallory")                                             # a file alone is not enough...
+        self.assertRefused(pack, "pack is signed by %s, which is not a pinned signer fingerprint"
+                           % test_key(KEY_C)[2], vm.TrustPolicy(trusted, [test_key(KEY_A)[2]], strict=True))
+
+    def test_rollback_to_an_older_validly_signed_pack(self):
+        older = self.signed_pack(KEY_A, pack_json(sequence=3), name="older")
+        self.assertRefused(older, "pack sequence 3 is lower than the minimum 5; refusing a possible rollback to an "
+                                  "older pack", self.policy(pinned=[KEY_A], min_sequence=5, strict=True))
+
+    def test_revoked_key_that_is_also_pinned(self):
+        fp = test_key(KEY_A)[2]
+        self.assertRefused(self.signed_pack(KEY_A, pack_json()), "pack is signed by %s, which is revoked" % fp,
+                           vm.TrustPolicy(pinned=[fp], revoked=[fp]))
+
+    def test_expired_pack_under_strict_at_startup_and_while_running(self):
+        pack = self.signed_pack(KEY_A, pack_json(created_utc="2026-01-01T00:00:00Z",
+                                                 expires_utc="2026-06-01T00:00:00Z"))
+        self.assertRefused(pack, "pack expired at 2026-06-01T00:00:00Z, and --strict refuses an expired pack",
+                           self.policy(pinned=[KEY_A], strict=True))
+        fresh = self.signed_pack(KEY_A, pack_json(), name="fresh")
+        clock = [NOW]
+        tools = vm.ToolServer(self.load(fresh, self.policy(pinned=[KEY_A], strict=True)), lambda: clock[0])
+        self.assertIsNone(tools.call("verified_memory_get", {"id": "M-garden-1"})[1])
+        clock[0] = vm.parse_utc("2027-01-02T00:00:00Z")
+        self.assertIsNone(tools.call("verified_memory_get", {"id": "M-garden-1"})[0])
+
+    def test_not_yet_valid_pack(self):
+        pack = self.signed_pack(KEY_A, pack_json(created_utc="2026-12-01T00:00:00Z"))
+        with self.assertRaises(vm.PackError):
+            self.load(pack, self.policy(pinned=[KEY_A], strict=True))
+        self.assertEqual(self.verification(pack, self.policy(pinned=[KEY_A]))["freshness"]["status"], "not_yet_valid")
+
+    def test_folder_replaced_while_running_by_a_validly_signed_older_pack(self):
+        current = self.signed_pack(KEY_A, pack_json(sequence=5), name="current")
+        older = self.signed_pack(KEY_A, pack_json(sequence=2), name="older")
+        tools = vm.ToolServer(self.load(current, self.policy(pinned=[KEY_A], min_sequence=5)), lambda: NOW)
+        self.assertEqual(tools.call("verified_memory_search", {"query": "compost"})[0]["verification"]["freshness"]
+                         ["sequence"], 5)
+        os.rename(current, current + ".gone")
+        os.rename(older, current)
+        self.assertEqual(tools.call("verified_memory_search", {"query": "compost"}), (None, vm.CHANGED_ON_DISK))
+
+    def test_a_fake_clock_cannot_be_passed_in(self):
+        pack = self.signed_pack(KEY_A, pack_json(created_utc="2026-01-01T00:00:00Z",
+                                                 expires_utc="2026-02-01T00:00:00Z"))
+        env = dict(os.environ, FAKETIME="@2026-01-15 00:00:00", SOURCE_DATE_EPOCH="1768435200", TZ="UTC-12",
+                   VERIFIED_MEMORY_NOW="2026-01-15T00:00:00Z")
+        done = run("check", "--pack", pack, "--trusted-fingerprint", test_key(KEY_A)[2], "--strict", env=env)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"pack expired at 2026-02-01T00:00:00Z", done.stderr)
+        self.assertIn(b"unknown flag --now", run("check", "--now", "2026-01-15T00:00:00Z").stderr)
+
+
+class TestTrustFlagsOnTheCommandLine(SignedCase):
+    def test_flags_files_and_warnings(self):
+        now = time.time()
+        stale = pack_json(created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 86400 * 30)),
+                          expires_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 86400)), sequence=7)
+        pack = self.signed_pack(KEY_A, stale)
+        keys = os.path.join(self.tmp, "keys")
+        write(keys, "alice %s\n" % test_key(KEY_A)[3])
+        done = run("check", "--pack", pack, "--trusted-keys", keys, "--require-signature")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        report = json.loads(done.stdout)["verification"]
+        self.assertEqual((report["signature"]["signer"], report["freshness"]["status"]), ("alice", "stale"))
+        self.assertIn(b"warning: pack freshness is stale", done.stderr)
+        fp_a, fp_b = test_key(KEY_A)[2], test_key(KEY_B)[2]
+        done = run("check", "--pack=" + pack, "--trusted-fingerprint=%s,%s" % (fp_b, fp_a), "--min-sequence=7")
+        self.assertEqual(json.loads(done.stdout)["verification"]["signature"]["pinned"], True)
+        done = run("check", "--pack", pack, "--trusted-fingerprint", fp_b, "--trusted-fingerprint", fp_a)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(b"not a pinned signer", run("check", "--pack", pack, "--trusted-fingerprint", fp_b).stderr)
+        write(keys + ".revoked", "# lost laptop\n%s old laptop\n" % fp_a)
+        self.assertIn(b"which is revoked", run("check", "--pack", pack, "--revoked-keys", keys + ".revoked").stderr)
+        done = run("check", "--pack", pack, "--trusted-fingerprint", "SHA256:nope")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn(b"--trusted-fingerprint: 'SHA256:nope' is not a fingerprint", done.stderr)
+        done = run("check", "--pack", pack, "--strict=true", "--trusted-keys", keys)
+        self.assertIn(b"pack expired at", done.stderr)
+        self.assertEqual(done.returncode, 1)
+        self.assertEqual(run("check", "--pack", pack, "--min-sequence", "x").returncode, 2)
+        untrusted = run("check", "--pack", pack)
+        self.assertIn(b"which is not a key you trust; signature.status is untrusted", untrusted.stderr)
+
+    def test_host_files_are_read_safely(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        keys = os.path.join(self.tmp, "keys")
+        write(keys, "alice %s\n" % test_key(KEY_A)[3])
+        link = os.path.join(self.tmp, "keys-link")
+        os.symlink(keys, link)
+        done = run("check", "--pack", pack, "--trusted-keys", link)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(("%s: is a symlink" % link).encode(), done.stderr)
+        write(keys, "alice options ssh-ed25519 AAAA\n")
+        self.assertIn(b"line 1: options are not supported", run("check", "--pack", pack, "--trusted-keys",
+                                                                keys).stderr)
+        big = os.path.join(self.tmp, "big")
+        write(big, "#" * (64 * 1024 + 1))
+        self.assertIn(b"the limit is 65536", run("check", "--pack", pack, "--trusted-keys", big).stderr)
+
+
+@unittest.skipUnless(SSH_KEYGEN, "ssh-keygen is not installed")
+class TestWithRealOpenSSH(SignedCase):
+    def keygen(self, name, passphrase="", kind="ed25519"):
+        key = os.path.join(self.tmp, name)
+        subprocess.run([SSH_KEYGEN, "-q", "-t", kind, "-N", passphrase, "-C", name, "-f", key], check=True,
+                       stdin=subprocess.DEVNULL)
+        return key
+
+    def test_ssh_keygen_signature_loads_as_verified_with_its_fingerprint_pinned(self):
+        key = self.keygen("packkey")
+        pack = self.copy_pack()
+        subprocess.run([SSH_KEYGEN, "-Y", "sign", "-f", key, "-n", "verified-memory-pack-v1",
+                        os.path.join(pack, "SHA256SUMS")], check=True, capture_output=True)
+        printed = subprocess.run([SSH_KEYGEN, "-l", "-f", key + ".pub"], capture_output=True, check=True,
+                                 text=True).stdout.split()[1]
+        done = run("check", "--pack", pack, "--trusted-fingerprint", printed)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        report = json.loads(done.stdout)["verification"]
+        self.assertEqual(report["signature"], {"status": "verified", "signer": "pinned", "fingerprint": printed,
+                                               "pinned": True})
+        self.assertEqual(report["freshness"]["status"], "unknown")          # plain ssh-keygen: no PACK.json
+        done = run("check", "--pack", pack, "--trusted-fingerprint", printed, "--strict")
+        self.assertIn(b"no PACK.json expiry date", done.stderr)
+
+    def test_ssh_keygen_accepts_what_the_reference_signer_makes(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        allowed = os.path.join(self.tmp, "allowed_signers")
+        write(allowed, "alice %s\n" % test_key(KEY_A)[3])
+        with open(os.path.join(pack, "SHA256SUMS"), "rb") as f:
+            done = subprocess.run([SSH_KEYGEN, "-Y", "verify", "-f", allowed, "-I", "alice", "-n",
+                                   "verified-memory-pack-v1", "-s", os.path.join(pack, "SHA256SUMS.sig")], stdin=f,
+                                  capture_output=True)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(test_key(KEY_A)[2].encode(), done.stdout)
+
+    def test_fingerprints_match_ssh_keygen(self):
+        for name in ("one", "two"):
+            key = self.keygen(name)
+            printed = subprocess.run([SSH_KEYGEN, "-l", "-f", key + ".pub"], capture_output=True, text=True,
+                                     check=True).stdout.split()[1]
+            blob = base64.b64decode(read(key + ".pub").split()[1])
+            self.assertEqual(vm.fingerprint(blob), printed)
 
 
 # ---------------------------------------------------------------------------

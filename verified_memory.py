@@ -407,7 +407,7 @@ def verify_sshsig(armored, message):
     if not armored.endswith(SSHSIG_END):
         raise refuse("does not end with the line -----END SSH SIGNATURE----- and one newline")
     lines = armored[len(SSHSIG_BEGIN):-len(SSHSIG_END)].split(b"\n")
-    if lines[-1] != b"" or b"" in lines[:-1]:
+    if len(lines) < 2 or lines[-1] != b"" or b"" in lines[:-1]:
         raise refuse("armor body must be non-empty base64 lines, each ending in a newline")
     try:
         blob = strict_b64decode(b"".join(lines[:-1]))
