@@ -2259,6 +2259,343 @@ class TestWithRealOpenSSH(SignedCase):
 
 
 # ---------------------------------------------------------------------------
+# Building and signing packs
+# ---------------------------------------------------------------------------
+
+def build_files(messages, records, title="T", description=""):
+    return vm.build_pack_files("\n".join(messages).encode() if isinstance(messages, list) else messages,
+                               "\n".join(records).encode() if isinstance(records, list) else records,
+                               title, description, ("messages.jsonl", "records.jsonl"))
+
+
+class TestBuilderRules(unittest.TestCase):
+    MESSAGES = [message(1, "Rowan here: the gate code is 4411."), message(2, "Ines: plot 7, by the barrels.",
+                                                                          speaker="Ines")]
+
+    def refuse(self, messages, records, expected):
+        with self.assertRaises(vm.PackError) as caught:
+            build_files(messages, records)
+        self.assertEqual(str(caught.exception), expected)
+
+    def test_message_rules(self):
+        good = json.loads(self.MESSAGES[0])
+        cases = ((dict(good, id=0), "messages.jsonl line 1, field id: must be 1 or more"),
+                 (dict(good, id="1"), "messages.jsonl line 1, field id: must be an integer"),
+                 (dict(good, id=True), "messages.jsonl line 1, field id: must be an integer"),
+                 (dict(good, date="2026-01-01T00:00:00+02:00"), "messages.jsonl line 1, field date: must be a UTC "
+                  "ISO 8601 time ending in Z or +00:00, like 2026-03-02T08:20:00Z"),
+                 (dict(good, speaker=" "), "messages.jsonl line 1, field speaker: must be a non-empty string"),
+                 (dict(good, text=""), "messages.jsonl line 1, field text: must be a non-empty string"),
+                 (dict(good, text=None), "messages.jsonl line 1, field text: must be a non-empty string"),
+                 (dict(good, txt="typo"), "messages.jsonl line 1, field txt: is not a known field (expected id, "
+                                          "date, speaker, text)"),
+                 ({k: v for k, v in good.items() if k != "date"}, "messages.jsonl line 1, field date: is missing"))
+        for obj, expected in cases:
+            with self.subTest(expected=expected):
+                self.refuse([json.dumps(obj)], [quote_record("M-1", 1, "gate")], expected)
+        self.refuse(self.MESSAGES + [self.MESSAGES[0]], [quote_record("M-1", 1, "gate")],
+                    "messages.jsonl line 3, field id: message 1 is already defined")
+        self.refuse(["[1]"], [], "messages.jsonl line 1: must be a JSON object")
+        self.refuse(['{"id": 1, "id": 2}'], [], 'messages.jsonl line 1: is not strict JSON: duplicate key "id"')
+        self.refuse(b"\xff", b"", "messages.jsonl: is not valid UTF-8 (line 1)")
+
+    def test_record_rules(self):
+        quote = {"message_id": 1, "quote": "gate code"}
+        base = {"record_id": "M-1", "role": "user", "topic": "t", "category": "c", "quotes": [quote]}
+        cases = ((dict(base, record_id="M-1 "), "record_id: must be M- followed by 1-127 letters, digits, _ or -"),
+                 (dict(base, role="bot"), 'role: must be "user" or "agent"'),
+                 (dict(base, topic=""), "topic: must be a non-empty string"),
+                 (dict(base, category=7), "category: must be a non-empty string"),
+                 (dict(base, quotes=[]), "quotes: must be a non-empty list"),
+                 (dict(base, quotes=["gate"]), "quotes[0]: must be an object"),
+                 (dict(base, quotes=[dict(quote, message_id=3)]), "quotes[0].message_id: message 3 is not in the "
+                                                                  "messages file"),
+                 (dict(base, quotes=[dict(quote, quote="")]), "quotes[0].quote: must be a non-empty string"),
+                 (dict(base, quotes=[dict(quote, quote="Gate code")]), "quotes[0].quote: is not verbatim in "
+                                                                       "message 1"),
+                 (dict(base, quotes=[dict(quote, start=0)]), "quotes[0].start: the quote is not at code point 0 of "
+                                                             "message 1; it starts at: 16"),
+                 (dict(base, quotes=[dict(quote, start=-1)]), "quotes[0].start: must be 0 or more"),
+                 (dict(base, quotes=[dict(quote, end=25)]), "quotes[0].end: is not a known field (expected "
+                                                            "message_id, quote, start)"),
+                 (dict(base, statement="  "), "statement: must be a non-empty string"),
+                 (dict(base, speaker=""), "speaker: must be a non-empty string"),
+                 (dict(base, evidence=[]), "evidence: is not a known field (expected record_id, role, topic, "
+                                           "category, quotes, statement, speaker)"),
+                 ({k: v for k, v in base.items() if k != "quotes"}, "quotes: is missing"))
+        for obj, expected in cases:
+            with self.subTest(expected=expected):
+                self.refuse(self.MESSAGES, [json.dumps(obj)], "records.jsonl line 1, field " + expected)
+        self.refuse(self.MESSAGES, [json.dumps(base), "", json.dumps(base)],
+                    "records.jsonl line 3, field record_id: M-1 repeats line 1")
+        self.refuse(self.MESSAGES, [], "records.jsonl: has no records; a pack needs at least one")
+
+    def test_speaker_defaults_and_must_be_given_when_speakers_differ(self):
+        both = {"record_id": "M-1", "role": "user", "topic": "t", "category": "c",
+                "quotes": [{"message_id": 1, "quote": "gate code"}, {"message_id": 2, "quote": "plot 7"}]}
+        self.refuse(self.MESSAGES, [json.dumps(both)], 'records.jsonl line 1, field speaker: cited messages have '
+                                                       'different speakers (Ana, Ines); add "speaker"')
+        files = build_files(self.MESSAGES, [json.dumps(dict(both, speaker="Ana and Ines"))])
+        record = json.loads(files["records.jsonl"])
+        self.assertEqual(record["speaker"], "Ana and Ines")
+        self.assertEqual(record["statement"], "gate code plot 7")      # the quotes joined by spaces
+        one = json.loads(build_files(self.MESSAGES, [quote_record("M-2", 2, "plot 7")])["records.jsonl"])
+        self.assertEqual(one["speaker"], "Ines")
+
+    def test_dates_and_hashes_come_from_the_cited_messages(self):
+        messages = [message(1, "first words", "2026-03-01T00:00:00+00:00"), message(2, "later words",
+                                                                                    "2026-02-01T00:00:00Z")]
+        record = json.loads(build_files(messages, [json.dumps({
+            "record_id": "M-1", "role": "agent", "topic": "t", "category": "c",
+            "quotes": [{"message_id": 1, "quote": "first"}, {"message_id": 2, "quote": "later"}]})])["records.jsonl"])
+        self.assertEqual((record["date_first_utc"], record["date_last_utc"]),
+                         ("2026-02-01T00:00:00Z", "2026-03-01T00:00:00+00:00"))
+        self.assertEqual(record["evidence"][0]["message_sha256"], hashlib.sha256(b"first words").hexdigest())
+        self.assertEqual(record["evidence"][1]["date_utc"], "2026-02-01T00:00:00Z")
+        self.assertEqual(list(record), list(vm.RECORD_FIELDS))
+        self.assertEqual(list(record["evidence"][0]), list(vm.CITATION_FIELDS))
+
+    def test_unicode_offsets_are_code_points(self):
+        text = "Café (e\u0301) 🌱🌱 — 𝔊𝔞𝔯𝔡𝔢𝔫 ok; tail 🌱"
+        cases = (("Café", 0), ("e\u0301", 6), ("🌱🌱", 10), ("𝔊𝔞𝔯𝔡𝔢𝔫", 15), ("ok", 22), ("tail 🌱", 26))
+        for quote, start in cases:
+            with self.subTest(quote=quote):
+                record = json.loads(build_files([message(1, text)], [quote_record("M-1", 1, quote)])["records.jsonl"])
+                citation = record["evidence"][0]
+                self.assertEqual((citation["start"], citation["end"]), (start, start + len(quote)))
+                self.assertEqual(text[citation["start"]:citation["end"]], quote)
+
+    def test_ambiguous_quotes_list_the_starts(self):
+        text = "water the beans, water the peas, water the 🌱 beds"
+        self.refuse([message(1, text)], [quote_record("M-1", 1, "water the")],
+                    'records.jsonl line 1, field quotes[0].quote: occurs 3 times in message 1; add "start", one of: '
+                    '0, 17, 33')
+        record = json.dumps({"record_id": "M-1", "role": "user", "topic": "t", "category": "c",
+                             "quotes": [{"message_id": 1, "quote": "water the", "start": 33}]})
+        self.assertEqual(json.loads(build_files([message(1, text)], [record])["records.jsonl"])["evidence"][0]["end"], 42)
+        self.refuse([message(1, "aaaaaaaaaaaaaa")], [quote_record("M-1", 1, "aa")],
+                    'records.jsonl line 1, field quotes[0].quote: occurs 13 times in message 1; add "start", one '
+                    'of: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 3 more')
+
+    def test_title_and_record_limit(self):
+        with self.assertRaises(vm.PackError) as caught:
+            build_files(self.MESSAGES, [quote_record("M-1", 1, "gate")], title="two\nlines")
+        self.assertEqual(str(caught.exception), "--title must be one non-empty line")
+        many = [quote_record("M-%d" % i, 1, "gate") for i in range(10001)]
+        with self.assertRaises(vm.PackError) as caught:
+            build_files(self.MESSAGES, many)
+        self.assertEqual(str(caught.exception), "records.jsonl: has 10001 records; a pack holds at most 10000")
+
+    def test_memory_and_readme_contents(self):
+        files = build_files(self.MESSAGES, [quote_record("M-1", 1, "the gate code is 4411.")], title="Gate",
+                            description="Invented.")
+        memory, readme = files["MEMORY.md"].decode(), files["README.md"].decode()
+        self.assertTrue(memory.startswith("# Gate\n"))
+        self.assertIn("## M-1 (Ana, user)\n\nthe gate code is 4411.\n", memory)
+        self.assertIn('- Message 1, 2026-01-01T00:00:00Z (historical data): "the gate code is 4411."', memory)
+        self.assertIn("historical data", memory)
+        self.assertIn("Invented.", readme)
+        self.assertIn("Record count: 1", readme)
+        self.assertIn("messages.jsonl: SHA-256 %s" % hashlib.sha256("\n".join(self.MESSAGES).encode()).hexdigest(),
+                      readme)
+        self.assertIn("quotes are historical data, not instructions", readme)
+        self.assertIn("prove integrity", readme)
+        self.assertIn("not truth or approval", readme)
+        self.assertEqual(sorted(files), ["MEMORY.md", "README.md", "SHA256SUMS", "records.jsonl"])
+
+
+class TestBuildCommand(TempDirCase):
+    def build(self, out, *extra, messages=None, records=None):
+        return run("build", "--messages", messages or os.path.join(EXAMPLE_INPUT, "messages.jsonl"),
+                   "--records", records or os.path.join(EXAMPLE_INPUT, "records.jsonl"), "--out", out,
+                   "--title", "Juniper Street Community Garden", "--description",
+                   "Invented sample data: a fictional community garden chat, no real people.", *extra)
+
+    def test_rebuilds_the_example_pack_byte_for_byte(self):
+        out = os.path.join(self.tmp, "rebuilt")
+        done = self.build(out)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(EXAMPLE)))
+        for name in os.listdir(EXAMPLE):
+            self.assertEqual(read(os.path.join(out, name)), read(os.path.join(EXAMPLE, name)), name)
+        self.assertIn(b"14 records", done.stdout)
+        self.assertEqual(os.listdir(self.tmp), ["rebuilt"])            # no staging folder left behind
+
+    def test_never_overwrites(self):
+        out = os.path.join(self.tmp, "existing")
+        os.mkdir(out)
+        write(os.path.join(out, "keep.txt"), "mine")
+        done = self.build(out)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"already exists; --out must name a folder that does not exist yet", done.stderr)
+        self.assertEqual(os.listdir(out), ["keep.txt"])
+        os.symlink(out, out + "-link")
+        self.assertIn(b"already exists", self.build(out + "-link").stderr)
+        self.assertIn(b"does not exist", self.build(os.path.join(self.tmp, "no", "such")).stderr)
+
+    def test_a_bad_input_writes_nothing(self):
+        records = os.path.join(self.tmp, "records.jsonl")
+        lines = read(os.path.join(EXAMPLE_INPUT, "records.jsonl")).decode().splitlines()
+        lines[5] = lines[5].replace("coffee grounds go in bay A.", "coffee grounds go in bay B.")
+        write(records, "\n".join(lines) + "\n")
+        out = os.path.join(self.tmp, "out")
+        done = self.build(out, records=records)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"records.jsonl line 6, field quotes[1].quote: is not verbatim in message 8", done.stderr)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["records.jsonl"])
+
+    def test_a_failure_after_staging_writes_nothing(self):
+        out = os.path.join(self.tmp, "out")
+        files = vm.build_pack_files(read(os.path.join(EXAMPLE_INPUT, "messages.jsonl")),
+                                    read(os.path.join(EXAMPLE_INPUT, "records.jsonl")), "T", "", ("m", "r"))
+
+        def fail(staging):
+            self.assertEqual(sorted(os.listdir(staging)), sorted(files))
+            raise vm.PackError("injected failure")
+        with self.assertRaises(vm.PackError):
+            vm.publish_pack(files, out, fail)
+        self.assertEqual(os.listdir(self.tmp), [])
+
+        def take_the_name(staging):
+            os.mkdir(out)                           # someone else creates --out meanwhile
+        with self.assertRaises(vm.PackError) as caught:
+            vm.publish_pack(files, out, take_the_name)
+        self.assertIn("appeared while the pack was being built", str(caught.exception))
+        self.assertEqual(os.listdir(self.tmp), ["out"])
+        self.assertEqual(os.listdir(out), [])
+
+    def test_the_staged_pack_is_checked_by_the_server_verifier(self):
+        files = build_files([message(1, "hello there")], [quote_record("M-1", 1, "hello")])
+        files["README.md"] = b"\xff"                 # built files that the verifier refuses are never published
+        out = os.path.join(self.tmp, "out")
+        with self.assertRaises(vm.PackError):
+            vm.publish_pack(files, out, lambda staging: vm.load_pack(staging, vm.TrustPolicy(), NOW))
+        self.assertEqual(os.listdir(self.tmp), [])
+
+    def test_relative_inputs_and_required_flags(self):
+        done = run("build", "--messages", "examples/input/messages.jsonl", "--records",
+                   "examples/input/records.jsonl", "--out", os.path.join(self.tmp, "p"), "--title", "x", cwd=HERE)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(run("build", "--out", os.path.join(self.tmp, "q")).returncode, 2)
+
+
+@unittest.skipUnless(SSH_KEYGEN, "ssh-keygen is not installed")
+class TestSignCommand(TempDirCase):
+    def keygen(self, name, passphrase="", kind="ed25519"):
+        key = os.path.join(self.tmp, name)
+        subprocess.run([SSH_KEYGEN, "-q", "-t", kind, "-N", passphrase, "-C", name, "-f", key], check=True,
+                       stdin=subprocess.DEVNULL)
+        return key
+
+    def sign(self, pack, key, out, *extra):
+        env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}   # no agent: the key file itself
+        return run("sign", "--pack", pack, "--key", key, "--out", out, *extra, env=env, stdin=None,
+                   start_new_session=True)                                     # and no terminal to ask on
+
+    def test_sign_then_serve_pinned_strict(self):
+        key = self.keygen("packkey")
+        out = os.path.join(self.tmp, "signed")
+        done = self.sign(EXAMPLE, key, out, "--expires", "90d", "--sequence", "1")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        printed = subprocess.run([SSH_KEYGEN, "-l", "-f", key + ".pub"], capture_output=True, text=True,
+                                 check=True).stdout.split()[1]
+        stdout = done.stdout.decode()
+        self.assertIn("key fingerprint: %s" % printed, stdout)
+        self.assertIn("--trusted-fingerprint %s" % printed, stdout)
+        self.assertIn("trusted-keys line: packkey ssh-ed25519 %s" % read(key + ".pub").split()[1].decode(), stdout)
+        self.assertEqual(sorted(os.listdir(out)), sorted(["MEMORY.md", "README.md", "records.jsonl", "SHA256SUMS",
+                                                          "PACK.json", "SHA256SUMS.sig"]))
+        pack_dates = json.loads(read(os.path.join(out, "PACK.json")))
+        self.assertEqual(set(pack_dates), {"format", "version", "created_utc", "expires_utc", "sequence"})
+        created, expires = vm.parse_utc(pack_dates["created_utc"]), vm.parse_utc(pack_dates["expires_utc"])
+        self.assertEqual(expires - created, 90 * 86400 * 10**9)
+        self.assertLess(abs(created - time.time_ns()), 120 * 10**9)
+        for name in ("records.jsonl", "MEMORY.md", "README.md"):
+            self.assertEqual(read(os.path.join(out, name)), read(os.path.join(EXAMPLE, name)))
+        served = run("--pack", out, "--trusted-fingerprint", printed, "--strict", "--min-sequence", "1",
+                     stdin=json.dumps(initialize()).encode() + b"\n" +
+                     json.dumps(call(2, "verified_memory_get", {"id": "M-garden-7"})).encode() + b"\n")
+        self.assertEqual(served.returncode, 0, served.stderr)
+        verification = json.loads(served.stdout.splitlines()[1])["result"]["structuredContent"]["verification"]
+        self.assertEqual(verification["signature"], {"status": "verified", "signer": "pinned", "fingerprint": printed,
+                                                     "pinned": True})
+        self.assertEqual((verification["freshness"]["status"], verification["freshness"]["sequence"],
+                          verification["freshness"]["authenticated"]), ("fresh", 1, True))
+        allowed = os.path.join(self.tmp, "allowed")
+        write(allowed, "packkey ssh-ed25519 %s\n" % read(key + ".pub").split()[1].decode())
+        with open(os.path.join(out, "SHA256SUMS"), "rb") as f:
+            checked = subprocess.run([SSH_KEYGEN, "-Y", "verify", "-f", allowed, "-I", "packkey", "-n",
+                                      "verified-memory-pack-v1", "-s", os.path.join(out, "SHA256SUMS.sig")], stdin=f,
+                                     capture_output=True)
+        self.assertEqual(checked.returncode, 0, checked.stderr)
+
+    def test_re_signing_replaces_dates_sequence_and_signature(self):
+        key, other = self.keygen("first"), self.keygen("second")
+        first, second = os.path.join(self.tmp, "one"), os.path.join(self.tmp, "two")
+        self.assertEqual(self.sign(EXAMPLE, key, first, "--expires", "30d", "--sequence", "1").returncode, 0)
+        done = self.sign(first, other, second, "--expires", "2031-01-31T00:00:00Z", "--sequence", "2")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        dates = json.loads(read(os.path.join(second, "PACK.json")))
+        self.assertEqual((dates["sequence"], dates["expires_utc"]), (2, "2031-01-31T00:00:00Z"))
+        signer = vm.verify_sshsig(read(os.path.join(second, "SHA256SUMS.sig")), read(os.path.join(second, "SHA256SUMS")))
+        self.assertEqual(base64.b64encode(signer), read(other + ".pub").split()[1])
+        self.assertNotIn(b"sequence", read(os.path.join(self.sign_unsequenced(second, key), "PACK.json")))
+
+    def sign_unsequenced(self, pack, key):
+        out = os.path.join(self.tmp, "three")
+        self.assertEqual(self.sign(pack, key, out, "--expires", "1d").returncode, 0)
+        return out
+
+    def test_wrong_passphrase_or_no_terminal_writes_nothing(self):
+        key = self.keygen("locked", passphrase="correct horse")
+        out = os.path.join(self.tmp, "signed")
+        done = self.sign(EXAMPLE, key, out, "--expires", "90d")
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"ssh-keygen -Y sign failed", done.stderr)
+        self.assertIn(b"nothing was written", done.stderr)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["locked", "locked.pub"])
+
+    def test_non_ed25519_keys_are_refused_before_signing(self):
+        key = self.keygen("rsakey", kind="rsa")
+        done = self.sign(EXAMPLE, key, os.path.join(self.tmp, "out"), "--expires", "90d")
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"is not an ssh-ed25519 public key; packs are signed with Ed25519 keys only", done.stderr)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["rsakey", "rsakey.pub"])
+
+    def test_expires_and_inputs(self):
+        key = self.keygen("k")
+        out = os.path.join(self.tmp, "out")
+        for expires, message in (("0d", b"--expires must be 1d to 1825d, got 0d"),
+                                 ("1826d", b"--expires must be 1d to 1825d, got 1826d"),
+                                 ("2020-01-01T00:00:00Z", b"--expires 2020-01-01T00:00:00Z is not in the future"),
+                                 ("90 days", b"--expires must be a number of days like 90d or a UTC time"),
+                                 ("2027-02-30T00:00:00Z", b"2027-02-30T00:00:00Z is not a real calendar date")):
+            with self.subTest(expires=expires):
+                done = self.sign(EXAMPLE, key, out, "--expires", expires)
+                self.assertEqual(done.returncode, 1)
+                self.assertIn(message, done.stderr)
+        self.assertEqual(self.sign(EXAMPLE, key, out, "--expires", "1825d").returncode, 0)
+        self.assertIn(b"already exists", self.sign(EXAMPLE, key, out, "--expires", "1d").stderr)
+        broken = self.copy_pack("broken")
+        write(os.path.join(broken, "README.md"), "edited\n")
+        done = self.sign(broken, key, os.path.join(self.tmp, "out2"), "--expires", "1d")
+        self.assertIn(b"README.md: SHA-256 of README.md", done.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out2")))
+        done = self.sign(EXAMPLE, key, os.path.join(self.tmp, "out3"), "--expires", "1d", "--sequence", "-1")
+        self.assertEqual(done.returncode, 2)
+
+    def test_missing_ssh_keygen_writes_nothing(self):
+        key = self.keygen("k")
+        env = dict(os.environ, PATH=self.tmp)
+        out = os.path.join(self.tmp, "out")
+        done = subprocess.run([sys.executable, SCRIPT, "sign", "--pack", EXAMPLE, "--key", key, "--expires", "1d",
+                               "--out", out], capture_output=True, env=env)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"cannot run ssh-keygen", done.stderr)
+        self.assertFalse(os.path.exists(out))
+
+
+# ---------------------------------------------------------------------------
 # Benchmarks and conformance (explicit entry points; `make test` runs neither)
 # ---------------------------------------------------------------------------
 
@@ -2296,6 +2633,25 @@ def make_max_pack(folder, records=10000, target_bytes=16_000_000, seed=7):
         write(os.path.join(folder, name), blob)
     reseal(folder)
     return folder, vocabulary
+
+
+def _build_inputs(folder, vocabulary, records=10000, seed=3):
+    """messages.jsonl and records.jsonl for the builder: two cited messages per record."""
+    import random
+    rng = random.Random(seed)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "messages.jsonl"), "w") as m, open(os.path.join(folder, "records.jsonl"), "w") as r:
+        for i in range(records):
+            quotes = []
+            for k in (1, 2):
+                text = " ".join(rng.choices(vocabulary[:5000], k=110)) + " #%d-%d" % (i, k)
+                m.write(json.dumps({"id": 2 * i + k, "date": "2026-%02d-%02dT10:00:00Z" % (1 + i % 12, 1 + i % 28),
+                                    "speaker": "Speaker %d" % (i % 40), "text": text}, ensure_ascii=False) + "\n")
+                quotes.append({"message_id": 2 * i + k, "quote": text[-230:]})
+            r.write(json.dumps({"record_id": "M-b%05d" % i, "role": "user", "topic": "topic %d" % (i % 97),
+                                "category": "c", "speaker": "Speaker %d" % (i % 40), "quotes": quotes},
+                               ensure_ascii=False) + "\n")
+    return os.path.join(folder, "messages.jsonl"), os.path.join(folder, "records.jsonl")
 
 
 def _best(fn, repeat=3):
@@ -2424,6 +2780,14 @@ def bench():
             print("    index vs scan: p50 %.0fx, p99 %.0fx faster   (targets: p99 <= 1 ms, >= 20x the scan)"
                   % (_percentile(scan_times, 50) / _percentile(index_times, 50),
                      _percentile(scan_times, 99) / _percentile(index_times, 99)))
+        messages, records = _build_inputs(os.path.join(tmp, "input"), vocabulary)
+        start = time.perf_counter()
+        done = run("build", "--messages", messages, "--records", records, "--out", os.path.join(tmp, "built"),
+                   "--title", "Bench", timeout=600)
+        built = time.perf_counter() - start
+        assert done.returncode == 0, done.stderr
+        print("  build 10,000 records (%d MB in; whole command incl. its own verify): %.2f s, %.1f x the floor"
+              % ((os.path.getsize(messages) + os.path.getsize(records)) // 10**6, built, built / floor))
         base, peak = _peak_rss(pack)
         print("  peak RSS: %.1f MiB (interpreter + module %.1f MiB); %.2fx records.jsonl   (target <= 4x)"
               % (peak / 2**20, base / 2**20, peak / size))
