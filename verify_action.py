@@ -1,8 +1,6 @@
 #!/usr/bin/env python3
-"""verify_action.py: check an AI agent's claim about an action against the evidence it supplies,
-and sign a receipt of what was judged.
-
-One file, Python standard library only (CPython 3.9+); vendor it by copying it.
+"""verify_action.py: check an AI agent's claim about an action against the evidence it supplies, and sign a
+receipt of what was judged. One file, Python standard library only (CPython 3.9+); vendor it by copying it.
 
   python3 verify_action.py [--host H] [--port P] [--key-file F] ...   HTTP on 127.0.0.1:8092
   python3 verify_action.py --stdio [--key-file F]                     MCP over stdio
@@ -47,9 +45,9 @@ REASONS = {
     "path_not_in_diff": ("code_diff", "!", "None of the files the claim names is in the diff."),
     "identifier_in_changed_lines": ("code_diff", "+", "Every identifier the claim names is in changed lines."),
     "identifier_not_in_changed_lines": ("code_diff", "-", "An identifier the claim names is in no changed line."),
-    "content_words_absent": ("code_diff", "-", "The claim names no identifier and none of its content words "
-                                               "is in the changed lines."),
-    "action_matches_lines": ("code_diff", "+", "The claimed action matches the line movement in the named files."),
+    "content_words_absent": ("code_diff", "-", "No identifier named, and no content word (>= 4 letters, "
+                                               "not a verb or stopword; -s -es -ed -ing allowed) is in changed lines."),
+    "action_matches_lines": ("code_diff", "+", "Lines moved as claimed in the named files (add, check: added)."),
     "action_mismatch_lines": ("code_diff", "-", "The claimed action does not match the line movement there."),
     "file_deleted": ("code_diff", "+", "The file the claim says was deleted is deleted in the diff."),
     "file_not_deleted": ("code_diff", "-", "The claim says a file was deleted but the diff does not delete it."),
@@ -63,9 +61,9 @@ REASONS = {
     "affected_rows_consistent": ("db_op", "+", "affected_rows fits the claimed action and the row delta."),
     "affected_rows_zero": ("db_op", "-", "A write is claimed but affected_rows is 0."),
     "affected_rows_mismatch": ("db_op", "-", "affected_rows differs from the size of the row delta."),
-    "count_matches": ("db_op", "+", "The count in the claim equals affected_rows or the row delta."),
+    "count_matches": ("db_op", "+", "The count after the verb (deleted 10 rows) is affected_rows or |delta|."),
     "count_mismatch": ("db_op", "!", "The count in the claim differs from affected_rows and the row delta."),
-    "sql_identifier_matches": ("db_op", "+", "The identifiers the claim names are in the SQL's WHERE comparisons."),
+    "sql_identifier_matches": ("db_op", "+", "Claimed ids (id=N, id N, #N, user N) are in WHERE id comparisons."),
     "sql_identifier_mismatch": ("db_op", "!", "An identifier the claim names is not in the SQL's WHERE comparisons."),
     "existence_matches": ("file_op", "+", "exists_before and exists_after fit the claimed action."),
     "start_state_mismatch": ("file_op", "-", "exists_before does not fit the claimed action."),
@@ -76,7 +74,7 @@ REASONS = {
     "line_count_matches": ("file_op", "+", "The claimed line count equals line_count."),
     "line_count_off": ("file_op", "-", "The claimed line count is near line_count but not equal."),
     "line_count_mismatch": ("file_op", "!", "The claimed line count is off by more than 10% or more than 50 lines."),
-    "size_matches": ("file_op", "+", "The claimed size is within 1% of size_bytes."),
+    "size_matches": ("file_op", "+", "The claimed size (KB, MB: powers of 1000; KiB, MiB: 1024) is within 1%."),
     "size_off": ("file_op", "-", "The claimed size is off by 1% to 50%."),
     "size_mismatch": ("file_op", "!", "The claimed size is off by more than 50%."),
     "status_matches_claim": ("api_call", "+", "The HTTP status class fits the claimed success or failure."),
@@ -90,7 +88,7 @@ REASONS = {
     "target_not_in_request": ("api_call", "-", "A target the claim names is not in the request."),
     "entities_match": ("generic", "+", "One of >= 3 distinct entities of the claim (numbers, URLs, emails, "
                                        "identifiers) found in the evidence."),
-    "explicit_value_match": ("generic", "+", "A value the claim states for a key (KEY is VALUE) equals the evidence's."),
+    "explicit_value_match": ("generic", "+", "A value the claim states for a key (KEY is VALUE) equals the evidence."),
     "explicit_value_conflict": ("generic", "!", "A value the claim states for a key differs from the evidence's."),
 }
 _SIGNAL_NAMES = {"+": "positive", "-": "negative", "!": "critical", "unsafe": "unsafe", "0": "neutral"}
@@ -98,7 +96,6 @@ DECISION = ("any unsafe code -> unsafe_to_verify; any critical -> contradicted; 
             "-> verified; >= 2 negatives and no positives -> contradicted; otherwise insufficient_evidence.")
 CONFIDENCE = ("confidence in the stated verdict: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted 0.9 with a "
               "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0.")
-
 def decide(codes):
     """Apply the fixed decision rule to a list of reason codes (repeats count); return (verdict, confidence)."""
     signals = [REASONS[c][1] for c in codes]
@@ -113,7 +110,6 @@ def decide(codes):
 _encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
 _sha = lambda data: "sha256:" + hashlib.sha256(data).hexdigest()
 _b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
 def _es_number(x):
     """A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires."""
     if isinstance(x, int) and -2 ** 53 < x < 2 ** 53: return str(x)
@@ -130,15 +126,14 @@ def _es_number(x):
            else "0." + "0" * -n + digits if -6 < n <= 0
            else digits[0] + ("." + digits[1:] if k > 1 else "") + "e%+d" % (n - 1))
     return ("-" if f < 0 else "") + out
-
 def _jcs(v):
     if isinstance(v, str): return _encode_str(v)
     if v is None or isinstance(v, bool): return "null" if v is None else "true" if v else "false"
     if isinstance(v, (int, float)): return _es_number(v)
     if isinstance(v, (list, tuple)): return "[" + ",".join(_jcs(i) for i in v) + "]"
     if not isinstance(v, dict): raise TypeError("not a JSON value: %s" % type(v).__name__)
-    return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-16-be"))) + "}"
-
+    keys = sorted(v, key=lambda k: k.encode("utf-16-be"))  # UTF-16 code unit order
+    return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in keys) + "}"
 def canonical_json(value):
     """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes."""
     return _jcs(value).encode("utf-8")
@@ -150,51 +145,48 @@ _CODE_TOKEN, _ALPHA = re.compile(r"[A-Za-z0-9_.]+"), re.compile(r"[a-z]+")
 _CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")  # camelCase and CAPS split; backtracks one char at most
 _SQL_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*|[0-9]+|<>|!=|<=|>=|\S")
 _SQL_SKIP = re.compile(r"['\"`]|--|/\*")
-EXTENSIONS = frozenset("""py pyi js mjs cjs ts tsx jsx go rs c h cc cpp cxx hpp hh java kt kts rb php cs swift m mm sh
-    bash zsh ps1 md rst txt json jsonl yaml yml toml ini cfg conf html htm css scss sass less sql xml csv tsv lock log env
-    gradle mk cmake r scala lua pl pm proto dart vue svelte ex exs erl hs ml elm clj tf hcl dockerfile gitignore pdf png jpg
-    jpeg gif svg zip gz tar tgz bin so dll exe wasm ipynb bat tex vim el nix zig jl sol properties db sqlite""".split())
-_STOP = frozenset("""a an the and or but if then than that this these those with without from into onto for to of in on
-    at by as is are was were be been being it its they them their there here which what when where while who whom whose
-    why how not no nor so too very can could should would will shall may might must do does did done have has had having
-    also just only still some any all each every both either neither more most less least other such same own via per over
-    under after before about above below between through during again further once now new old file files code line lines
-    function functions method methods class classes module modules test tests value values variable variables logic
-    handling support issue issues bug bugs case cases call calls return returns using used use make made sure properly
-    correctly correct small minor simple basic proper instead within""".split())
-_NOT_ID = frozenset("""version versions step steps phase page pages port attempt attempts retry retries level day days hour
-    hours minute minutes second seconds week weeks month months year years http https status code codes error errors times
-    item items row rows record records percent top""".split())
+EXTENSIONS = frozenset("""py js ts tsx jsx go rs c h cc cpp hpp java kt rb php cs swift m sh bash md txt json yaml
+    yml toml ini cfg conf html htm css scss sql xml csv tsv lock log env gradle mk r scala lua pl proto dart vue
+    svelte ex hs ml tf dockerfile gitignore pdf png jpg jpeg gif svg zip gz tar bin so ipynb db sqlite""".split())
+_STOP = frozenset("""a an the and or but if then than that this these those with without from into for to of in on
+    at by as is are was were be been being it its they them their there here which what when where while who why how
+    not no so too very can could should would will may might must do does did done have has had having also just
+    only still some any all each every both either more most less least other such same via per over under after
+    before about above below between through during again now new old file files code line lines function functions
+    method methods class classes module modules test tests value values variable variables logic handling support
+    issue issues bug bugs case cases call calls return returns using used use make made sure properly correctly
+    correct small minor simple basic proper instead within""".split())
+_NOT_ID = frozenset("""version versions step steps phase page pages port attempt attempts retry retries level day
+    days hour hours minute minutes second seconds week weeks month months year years http https status code codes
+    error errors times item items row rows record records percent top""".split())
 _NEGATION = frozenset("not never no didn wasn isn couldn cannot weren hasn haven".split())
-
 def _verbs(**classes):
     """word -> class: each base word, then its -s -es -d -ed -ing -ied -ies forms (extra non-words are harmless)."""
     table = {w: cls for cls, words in classes.items() for w in words.split()}
-    for w, cls in list(table.items()):
-        for form in (w + "s", w + "es", w + "d", w + "ed", w + "ing", w[:-1] + "ied", w[:-1] + "ies"):
-            table.setdefault(form, cls)
-    return table
-
-_CODE_VERBS = _verbs(add="add introduce create implement write wrote", check="check validate guard ensure verify",
-                     modify="fix change update modify refactor rename set edit replace tweak",
-                     remove="remove delete drop dropped")
-_DB_VERBS = _verbs(delete="delete remove purge drop dropped truncate clear", read="read select query fetch count list "
-                   "retrieve", insert="insert add create append import", update="update modify change set mark edit")
-_FILE_VERBS = _verbs(create="create add make made generate touch", write="write wrote written save",
-                     delete="delete remove erase unlink rm", rename="rename move mv",
-                     modify="modify update edit append change overwrite overwrote overwritten truncate")
+    return dict({f: c for w, c in table.items() for f in (w + "s", w + "es", w + "d", w + "ed", w + "ing",
+                                                          w[:-1] + "ied", w[:-1] + "ies")}, **table)
+VERB_CLASSES = {  # base words; each also matches its -s -es -d -ed -ing forms
+    "code_diff": dict(add="add introduce create implement write wrote", check="check validate guard ensure verify",
+                      modify="fix change update modify refactor rename set edit replace tweak",
+                      remove="remove delete drop dropped"),
+    "db_op": dict(delete="delete remove purge drop dropped truncate clear", insert="insert add create append import",
+                  update="update modify change set mark edit", read="read select query fetch count list retrieve"),
+    "file_op": dict(create="create add make made generate touch", write="write wrote written save",
+                    delete="delete remove erase unlink rm", rename="rename move mv",
+                    modify="modify update edit append change overwrite overwrote overwritten truncate")}
+_CODE_VERBS, _DB_VERBS, _FILE_VERBS = (_verbs(**VERB_CLASSES[k]) for k in ("code_diff", "db_op", "file_op"))
 _FILE_STATES = {"create": (False, True), "write": (None, True), "delete": (True, False), "modify": (True, True),
                 "rename": (True, True)}  # (exists_before, exists_after) each verb needs; None: either
 _ALL_VERBS = frozenset(_CODE_VERBS) | frozenset(_DB_VERBS) | frozenset(_FILE_VERBS)
 _OK_WORDS = frozenset("sent delivered posted created succeeded ok success successful successfully accepted".split())
-_FAIL_WORDS = frozenset("failed fail fails failure error errored rejected bounced denied unsuccessful unable timeout".split())
-_STATUS_OK = frozenset("ok success succeeded successful sent delivered accepted created completed complete done".split())
+_FAIL_WORDS = frozenset("failed fail fails failure error errored rejected bounced denied unsuccessful unable".split())
+_STATUS_OK = frozenset("ok success succeeded successful sent delivered accepted created completed done".split())
 _STATUS_FAIL = frozenset("error failed failure fail rejected bounced denied invalid".split())
 _SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10 ** 6, "mib": 1 << 20, "gb": 10 ** 9,
                "gib": 1 << 30}
+_EMAIL_LOCAL = {ord(c): "a" for c in "._+-%"}  # characters allowed in an email's local part besides letters, digits
 _strip = lambda t: t.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
 _digits = lambda s: s.isascii() and s.isdigit()
-
 def _tokens(text):
     """Text split once into tokens, sentence punctuation trimmed from their ends."""
     return [t for t in map(_strip, _TOKEN.findall(text)) if t]
@@ -208,7 +200,6 @@ def _number(tok):
     ip, dot, fp = "".join(parts).partition(".")
     if not _digits(ip) or (dot and not _digits(fp)): return None
     return float(ip + "." + fp) if dot else int(ip)
-
 def _identifier(tok, explicit=False):
     """A code identifier (dotted, snake_case, camelCase; any word when backticked), else None."""
     parts = tok.split(".")
@@ -217,13 +208,11 @@ def _identifier(tok, explicit=False):
     if len(parts) > 1: return tok if max(len(p) for p in parts) > 1 else None
     camel = any(a.islower() and b.isupper() for a, b in zip(tok, tok[1:]))
     return tok if explicit or camel or "_" in tok.strip("_") else None
-
 def _email(tok):
     local, at, domain = tok.partition("@")
     ok = (at and local and "." in domain.strip(".") and not domain.startswith(".") and not domain.endswith(".")
-          and domain.replace(".", "a").replace("-", "a").isalnum() and local.translate({ord(c): "a" for c in "._+-%"}).isalnum())
+          and domain.replace(".", "a").replace("-", "a").isalnum() and local.translate(_EMAIL_LOCAL).isalnum())
     return tok.lower() if ok else None
-
 def _url(tok):
     """(host, path without trailing '/') of an http(s) URL token, else None."""
     if not tok.lower().startswith(("http://", "https://")): return None
@@ -231,7 +220,6 @@ def _url(tok):
         parts = urllib.parse.urlsplit(tok)
         return (parts.hostname, parts.path.rstrip("/")) if parts.hostname else None
     except ValueError: return None
-
 def _pathish(tok):
     """A token that names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)."""
     if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]: return False
@@ -239,7 +227,6 @@ def _pathish(tok):
     name, dot, ext = base.rpartition(".")
     if dot and ext.lower() in EXTENSIONS and (name or base.startswith(".")) and not _digits(name): return True
     return "/" in tok and bool(base) and (tok.startswith(("/", "./", "~/")) or tok.count("/") >= 2)
-
 def _suffix_of(claimed, path):
     """True when claimed equals path or is a whole-component suffix of it (a.py never matches data.py)."""
     return bool(claimed) and (path == claimed or path.endswith("/" + claimed))
@@ -254,17 +241,11 @@ def _claim_ids(low):
                 t.isalpha() and len(t) >= 3 and t not in _STOP and t not in _NOT_ID and t not in _ALL_VERBS)):
             ids.add(str(int(nxt)))
     return ids
-
 def _claim_count(low, verbs):
     """The integer right after an action verb ('deleted 10 sessions', 'removed all 3'), else None."""
-    for i, t in enumerate(low):
-        j = i + 1
-        while t in verbs and j < len(low) and low[j] in ("the", "all", "exactly", "only"):
-            j += 1
-        n = _number(low[j]) if t in verbs and j < len(low) else None
+    for i in (i for i, t in enumerate(low) if t in verbs):
+        n = next((_number(w) for w in low[i + 1:i + 4] if w not in ("the", "all", "exactly", "only")), None)
         if isinstance(n, int): return n
-    return None
-
 def _head_paths(rest):
     """(old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes."""
     rest, half = rest.strip(), len(rest.strip()) // 2
@@ -272,7 +253,6 @@ def _head_paths(rest):
     if len(rest) % 2 == 1 and rest[:half] == rest[half + 1:]: return rest[:half], rest[:half]
     old, _, new = rest.partition(" ")
     return old, new or old
-
 def _header_path(value):
     value = value.split("\t", 1)[0].rstrip()  # diff -u appends a tab and a timestamp
     return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
@@ -284,19 +264,16 @@ def _new_file(files, old, new):
     files.append({"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False})
     return files[-1]
 def parse_diff(text):
-    """Parse unified diff text (git, plain diff -u, --no-prefix). Returns (files, changed_lines): each file
-    {old, new, status, added, removed, binary}; changed_lines are the added and removed lines' text."""
+    """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], changed lines)."""
     files, changed, cur, git, minus, old_left, new_left = [], [], None, False, None, 0, 0
     for line in text.split("\n"):
         if old_left > 0 or new_left > 0:  # inside a hunk, counted by its header
-            c = line[:1]
-            if c in ("+", "-"):
-                cur["added" if c == "+" else "removed"] += 1
-                old_left, new_left = (old_left, new_left - 1) if c == "+" else (old_left - 1, new_left)
-                changed.append(line[1:])
-                continue
-            if c in (" ", "\\") or line in ("", "\r"):
-                old_left, new_left = (old_left, new_left) if c == "\\" else (old_left - 1, new_left - 1)
+            c = line[:1] if line not in ("", "\r") else " "  # a blank line is context that lost its space
+            if c in ("+", "-", " ", "\\"):  # added, removed, context, "\ No newline at end of file"
+                old_left, new_left = old_left - (c in "- "), new_left - (c in "+ ")
+                if c in "+-":
+                    cur["added" if c == "+" else "removed"] += 1
+                    changed.append(line[1:])
                 continue
             old_left = new_left = 0  # a short hunk: read the line as a header
         line = line.rstrip("\r")
@@ -307,7 +284,8 @@ def parse_diff(text):
             cur = cur if git else _new_file(files, old, new)
             cur["old"], cur["new"], git, minus = old, new, False, None
             if "/dev/null" in (old, new):
-                cur["status"], cur["old"], cur["new"] = ("added", new, new) if old == "/dev/null" else ("deleted", old, old)
+                cur["status"], cur["old"], cur["new"] = ("added", new, new) if old == "/dev/null" else (
+                    "deleted", old, old)
         elif line.startswith("@@ "):
             cur, git = cur if cur is not None else _new_file(files, "", ""), False
             counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
@@ -321,7 +299,6 @@ def parse_diff(text):
             cur = cur if git else _new_file(files, *_unprefix(*line[13:-7].partition(" and ")[::2]))
             cur["binary"], git = True, False
     return files, changed
-
 def _code_tokens(lines):
     """Identifier-like tokens of code lines, with the dotted sub-chains of short chains (a.b.c -> a.b, b.c)."""
     out = set()
@@ -331,7 +308,6 @@ def _code_tokens(lines):
         out.update(parts if len(parts) > 8 else (".".join(parts[i:j]) for i in range(len(parts))
                                                   for j in range(i + 1, len(parts) + 1)))
     return out
-
 def judge_code_diff(claim, ev):
     """Rules for {diff}: claimed paths, identifiers and action against the parsed diff."""
     files, changed = parse_diff(ev["diff"])
@@ -342,9 +318,7 @@ def judge_code_diff(claim, ev):
             comps = p.split("/")
             for k in range(max(0, len(comps) - 16), len(comps)):
                 index.setdefault("/".join(comps[k:]), set()).add(i)
-    details = {"files": [{"path": f["new"], "old_path": f["old"], "status": f["status"], "added": f["added"],
-                          "removed": f["removed"], "binary": f["binary"]} for f in files[:100]],
-               "files_changed": len(files), "lines_added": sum(f["added"] for f in files),
+    details = {"files": files[:100], "files_changed": len(files), "lines_added": sum(f["added"] for f in files),
                "lines_removed": sum(f["removed"] for f in files)}
     if not files: return ["diff_no_changes"], details
     backticked = {t for span in claim.split("`")[1::2] for t in _tokens(span)} if claim.count("`") >= 2 else set()
@@ -363,7 +337,7 @@ def judge_code_diff(claim, ev):
         codes.append("path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed)
                      else "path_in_diff")
     if idents:
-        codes.append("identifier_in_changed_lines" if idents <= _code_tokens(changed) else "identifier_not_in_changed_lines")
+        codes.append("identifier_%sin_changed_lines" % ("" if idents <= _code_tokens(changed) else "not_"))
     elif words:  # content words matter only when the claim names no identifier
         have = {v for w in set(_CODE_WORD.findall("\n".join(changed))) for v in _variants(w.lower())}
         if not any(v in have for w in words for v in _variants(w)): codes.append("content_words_absent")
@@ -371,7 +345,7 @@ def judge_code_diff(claim, ev):
     scope = [files[i] for i in sorted(named)] if named else files
     added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
     if classes:
-        need = {"add": added > 0, "check": added > 0, "remove": removed > 0 or any(f["status"] == "deleted" for f in scope),
+        need = {"add": added > 0, "check": added > 0, "remove": removed or any(f["status"] == "deleted" for f in scope),
                 "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope)}
         codes.append("action_matches_lines" if all(need[c] for c in classes) else "action_mismatch_lines")
         if named and any(_CODE_VERBS.get(w) == "remove" and "file" in low[i + 1:i + 3] for i, w in enumerate(low)):
@@ -381,7 +355,6 @@ def judge_code_diff(claim, ev):
         codes.append("changes_mostly_elsewhere" if (total - added - removed) * 2 > total else "unnamed_files_changed")
     details.update(claimed_paths=claimed[:50], identifiers=sorted(idents)[:50], actions=sorted(classes))
     return codes, details
-
 def _strip_sql(sql):
     """SQL with string literals, quoted names and comments blanked, in one forward pass (linear)."""
     out, i = [], 0
@@ -392,10 +365,8 @@ def _strip_sql(sql):
         j = sql.find(end, m.end()) if m else -1
         if j < 0: return " ".join(out)
         i = j + len(end)
-
 def sql_facts(sql):
-    """(statement class, identifiers compared in WHERE) of the first SQL statement. Classes: read, insert,
-    update, delete (TRUNCATE too), merge (MERGE, REPLACE, UPSERT, INSERT ... ON CONFLICT), or None."""
+    """(read|insert|update|delete|merge|None, ids compared in WHERE) of the first SQL statement."""
     toks = _SQL_TOKEN.findall(_strip_sql(sql))
     kinds = {"SELECT": "read", "INSERT": "insert", "UPDATE": "update", "DELETE": "delete", "TRUNCATE": "delete",
              "MERGE": "merge", "REPLACE": "merge", "UPSERT": "merge"}
@@ -420,7 +391,6 @@ def sql_facts(sql):
         ids.update(n for n in (num(i + 2) if toks[i + 1:i + 2] == ["="] else None,
                                num(i - 2) if toks[i - 1:i] == ["="] else None) if n)
     return kind, ids
-
 def judge_db_op(claim, ev):
     """Rules for {before_count, after_count, operation, affected_rows}: verb vs SQL kind vs row delta."""
     low = [t.lower() for t in _tokens(claim)]
@@ -444,12 +414,11 @@ def judge_db_op(claim, ev):
     elif writes and aff is not None and delta is not None and claimed != "update":  # consistency needs two fields
         codes.append("affected_rows_consistent" if aff == abs(delta) else "affected_rows_mismatch")
     elif claimed == "update" and aff is not None and delta == 0: codes.append("affected_rows_consistent")
-    known = ({aff} if aff is not None else set()) | ({abs(delta)} if delta is not None and claimed != "update" else set())
+    known = {aff, abs(delta) if delta is not None and claimed != "update" else None} - {None}
     if count is not None and known: codes.append("count_matches" if count in known else "count_mismatch")
     ids = _claim_ids(low)
     if ids and sql_ids: codes.append("sql_identifier_matches" if ids <= sql_ids else "sql_identifier_mismatch")
     return codes, details
-
 def _quantities(toks):
     """(line counts, sizes in bytes) stated in the claim: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'."""
     lines, sizes = [], []
@@ -459,7 +428,6 @@ def _quantities(toks):
         if n is not None and unit in ("line", "lines") and isinstance(n, int): lines.append(n)
         elif n is not None and unit in _SIZE_UNITS: sizes.append(n * _SIZE_UNITS[unit])
     return lines, sizes
-
 def judge_file_op(claim, ev):
     """Rules for {path, exists_before, exists_after, line_count?, size_bytes?, new_path?}."""
     toks = _tokens(claim)
@@ -491,9 +459,7 @@ def judge_file_op(claim, ev):
         codes.append("size_matches" if rel <= 0.01 else "size_mismatch" if rel > 0.5 else "size_off")
     details.update(claimed_paths=claimed[:50], claimed_lines=lines[:1], claimed_bytes=sizes[:1])
     return codes, details
-
 _outcome = lambda ok, fail: "success" if ok and not fail else "failure" if fail and not ok else None
-
 def _body_outcome(body):
     """'success', 'failure' or None, judged structurally for JSON and by whole words for other text."""
     if isinstance(body, str):
@@ -509,7 +475,6 @@ def _body_outcome(body):
     if body.get("error") not in (None, False) or (isinstance(body.get("errors"), (list, dict)) and body["errors"]):
         votes.add("failure")
     return votes.pop() if len(votes) == 1 else None
-
 def _targets(toks):
     return ({e for e in map(_email, toks) if e}, {u for u in map(_url, toks) if u},
             _claim_ids([t.lower() for t in toks]))
@@ -538,7 +503,6 @@ def judge_api_call(claim, ev):
             results.add("target_matches" if hit else "target_mismatch" if have else "target_not_in_request")
     codes += [c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results][:1]
     return codes, details
-
 def _json_values(text, key):
     """Scalar values (as JSON text, strings unquoted) of members named key, in text made by json.dumps."""
     found = re.finditer(r'(?<!\\)%s: ("[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]]*)' % re.escape(_encode_str(key)), text)
@@ -559,7 +523,8 @@ def judge_generic(claim, ev):
     for i, t in enumerate(raw[:-1]):
         key = val = None
         if t.endswith(":") and len(t) > 1: key, val = t[:-1], toks[i + 1]
-        elif i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were"): key, val = toks[i], toks[i + 2]
+        elif i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were"):
+            key, val = toks[i], toks[i + 2]
         elif "=" in t.strip("="): key, val = t.partition("=")[0], _strip(t.partition("=")[2])
         if not key or not val or val.lower() in fillers or not key.replace("_", "a").replace("-", "a").isalnum():
             continue
@@ -571,21 +536,20 @@ def judge_generic(claim, ev):
             same = any(v == val or (num is not None and _es_number(_number(v)) == _es_number(num)) for v in same_type)
             codes.append("explicit_value_match" if same else "explicit_value_conflict")
     return codes, {"entities_matched": len(matched)}
-
 _COUNT = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
 _STR, _BOOL = lambda v: isinstance(v, str) and v != "", lambda v: isinstance(v, bool)
 # kind -> ({field: (type check, length bound)}, groups of fields: the evidence needs one complete group)
 EVIDENCE = {
     "code_diff": ({"diff": (lambda v: isinstance(v, str), "diff_chars")}, [("diff",)]),
     "db_op": ({"before_count": (_COUNT, None), "after_count": (_COUNT, None), "affected_rows": (_COUNT, None),
-               "operation": (_STR, "operation_chars")}, [("before_count", "after_count"), ("affected_rows",), ("operation",)]),
+               "operation": (_STR, "operation_chars")},
+              [("before_count", "after_count"), ("affected_rows",), ("operation",)]),
     "file_op": ({"path": (_STR, "path_chars"), "new_path": (_STR, "path_chars"), "exists_before": (_BOOL, None),
                  "exists_after": (_BOOL, None), "line_count": (_COUNT, None), "size_bytes": (_COUNT, None)},
                 [("path", "exists_before", "exists_after")]),
     "api_call": ({"response_status": (lambda v: _COUNT(v) and 100 <= v <= 599, None),
                   "request": (lambda v: isinstance(v, (str, dict)), "request_chars")}, [("response_status",)]),
     "generic": ({}, [()])}
-
 def check_evidence(kind, ev):
     """A reason code when evidence cannot be judged as this kind (wrong type, too large, missing; null = absent)."""
     fields, groups = EVIDENCE[kind]
@@ -594,13 +558,13 @@ def check_evidence(kind, ev):
         if v is not None and not ok(v): return "evidence_invalid"
         if bound and isinstance(v, str) and len(v) > BOUNDS[bound]: return "evidence_too_large"
     return None if any(all(ev.get(f) is not None for f in g) for g in groups) else "evidence_missing_fields"
-
 _JUDGES = {"code_diff": judge_code_diff, "db_op": judge_db_op, "file_op": judge_file_op, "api_call": judge_api_call,
            "generic": judge_generic}
 _SHAPES = (("code_diff", ("diff",)), ("db_op", ("before_count", "after_count", "affected_rows")),
            ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
            ("api_call", ("request", "response_status", "response_body")))
-
+DISPATCH = (["the kind field, case-insensitive"] + ["any of %s -> %s" % (", ".join(f), k) for k, f in _SHAPES]
+            + ["otherwise generic (operation alone never selects db_op)"])
 def dispatch_kind(evidence, kind=None):
     """The kind to judge: the requested one (case-insensitive), else by evidence shape in a fixed order."""
     return kind.lower() if kind else next((k for k, fs in _SHAPES if any(f in evidence for f in fs)), "generic")
@@ -615,26 +579,21 @@ def judge(kind, claim, evidence):
 
 # ---- §4 Receipts (pure given a key ring) -------------------------------------------------------------------------
 RECEIPT_FIELDS = collections.OrderedDict([  # field -> what it holds (GET /spec documents each)
-    ("schema", "Always \"verify_action_receipt.v0\"."),
-    ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8 bytes."),
+    ("schema", "\"verify_action_receipt.v0\"."), ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8."),
     ("evidence_manifest_hash", "\"sha256:\" + hex SHA-256 of the RFC 8785 canonical JSON of evidence."),
-    ("request_hash", "The same over the whole request object as received (for MCP, the tools/call arguments), "
-                     "binding kind, context and caller_context."),
+    ("request_hash", "The same over the whole request as received (MCP: the arguments): kind and contexts are bound."),
     ("verifier_id", "\"verify_action.py@<version>\"."), ("verifier_method", "\"rule_based.<kind>\"."),
-    ("verdict", "The aar_verdict."), ("confidence", "Confidence in the verdict, 0..1, 3 decimals."),
-    ("reason_codes", "Codes from GET /rules; never raw input."), ("policy_or_oracle_refs", "[]: no kind uses an oracle."),
-    ("caller_context", "As received and validated; {} when absent."), ("issued_at", "RFC 3339 UTC time, Z suffix."),
-    ("issued_by", "Set by the operator (--issuer)."), ("kid", "Key id of the signing key in the operator's key ring."),
-    ("signature", "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256, keyed by the kid's key, over the canonical "
-                  "JSON of the receipt without signature.")])
+    ("verdict", "The aar_verdict."), ("confidence", "In the verdict, 0..1."), ("reason_codes", "never input"),
+    ("policy_or_oracle_refs", "[]: no oracle is used."), ("caller_context", "As received; {} when absent."),
+    ("issued_at", "RFC 3339 UTC time."), ("issued_by", "--issuer."), ("kid", "Key id in the operator's key ring."),
+    ("signature", "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256 under the kid's key of the canonical JSON of "
+                  "the receipt without signature.")])
 
 class KeyRing(object):
     """HMAC keys by kid; the last key signs new receipts, every key verifies."""
-
     def __init__(self, pairs, ephemeral=False):
         if not pairs: raise ValueError("the key ring has no keys")
         self.keys, self.kid, self.ephemeral = collections.OrderedDict(pairs), pairs[-1][0], ephemeral
-
     @classmethod
     def parse(cls, text):
         """Parse 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError."""
@@ -649,29 +608,23 @@ class KeyRing(object):
                 raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % n)
             pairs += [(parts[0], key)] if parts else []
         return cls(pairs)
-
     @classmethod
-    def generate(cls):
-        """A one-process key ring; its receipts cannot be verified after a restart."""
+    def generate(cls):  # a one-process key ring: its receipts cannot be verified after a restart
         return cls([("ephemeral-" + secrets.token_hex(4), secrets.token_bytes(32))], ephemeral=True)
-
-    def mac(self, kid, body):
-        """The signature field for a receipt body (without signature) under key kid."""
+    def mac(self, kid, body):  # the signature field of a receipt body (without signature) under key kid
         return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], canonical_json(body), hashlib.sha256).digest())
-
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now):
     """A signed receipt for one judged request (request: the object as received, already validated)."""
     body = {"schema": SCHEMA, "claim_hash": _sha(request["claim"].encode("utf-8")),
             "evidence_manifest_hash": _sha(canonical_json(request["evidence"])),
             "request_hash": _sha(canonical_json(request)), "verifier_id": "verify_action.py@" + VERSION,
             "verifier_method": "rule_based." + kind, "verdict": verdict, "confidence": confidence,
-            "reason_codes": list(codes), "policy_or_oracle_refs": [], "caller_context": request.get("caller_context", {}),
+            "reason_codes": list(codes), "policy_or_oracle_refs": [], "caller_context": request.get("caller_context",
+                                                                                                      {}),
             "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "issued_by": issuer, "kid": keyring.kid}
     return dict(body, signature=keyring.mac(keyring.kid, body))
-
 def verify_receipt(receipt, keyring):
-    """(valid, reason, kid), reason one of ok, malformed, unsupported_schema, unknown_kid, bad_signature.
-    The signature is compared in constant time."""
+    """(valid, reason: ok|malformed|unsupported_schema|unknown_kid|bad_signature, kid); constant-time compare."""
     if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS): return False, "malformed", None
     kid, sig = receipt["kid"], receipt["signature"]
     if not isinstance(kid, str) or not isinstance(sig, str) or not sig.startswith("hmac-sha256:"):
@@ -696,11 +649,9 @@ def read_private_file(path, limit=65536):
         raise ValueError("refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
                          "others (mode %03o; run chmod 600 on it)" % (path, limit, mode & 0o777))
     return data.decode("utf-8")
-
 def load_keyring(path):
     """Load a key-ring file (see KeyRing.parse), refusing a file group or others can read."""
     return KeyRing.parse(read_private_file(path))
-
 def keygen(path):
     """Create the key-ring file (O_CREAT|O_EXCL, mode 0600 from the start) or append a new key; returns the kid."""
     kid = "k" + time.strftime("%Y%m%d", time.gmtime()) + "-" + secrets.token_hex(3)
@@ -720,26 +671,20 @@ def keygen(path):
 
 # ---- §6 Request validation and strict JSON -----------------------------------------------------------------------
 class RequestError(ValueError):
-    """A refused request: code (snake_case, or a JSON-RPC error number), a message that never contains input,
-    and for HTTP the status and extra headers."""
-
+    """A refusal: code (snake_case or JSON-RPC number), message (never input), HTTP status and headers."""
     def __init__(self, code, message, status=400, headers=()):
         ValueError.__init__(self, message)
         self.code, self.message, self.status, self.headers = code, message, status, list(headers)
-
-_LONG_DIGITS, _NOT_BRACKET, _BRACKET_PAIR = re.compile(r"[0-9]{300}"), re.compile(r"[^\[\]{}]+"), re.compile(r"\[\]|\{\}")
+_LONG_DIGITS, _NOT_BRACKET = re.compile(r"[0-9]{300}"), re.compile(r"[^\[\]{}]+")
+_BRACKET_PAIR = re.compile(r"\[\]|\{\}")
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: the two parts never overlap
-
 def _bad_json(message):
     raise RequestError("invalid_json", message)
-
 def _double_int(s):
     v = int(s)  # beyond 4300 digits Python itself refuses (ValueError)
     return v if abs(v) <= 1.7976931348623157e308 else _bad_json("a number does not fit a double")
-
 def strict_loads(raw):
-    """Parse UTF-8 JSON strictly: no NaN/Infinity, duplicate keys, lone surrogates, numbers beyond a double,
-    or nesting deeper than 32 (the outermost value counts 1). Raises RequestError('invalid_json', ...)."""
+    """Strict UTF-8 JSON: refuses NaN, duplicate keys, lone surrogates, non-doubles, nesting deeper than 32."""
     try:
         text = raw.decode("utf-8")
         value = json.loads(text, parse_int=_double_int if _LONG_DIGITS.search(text) else None,
@@ -759,7 +704,6 @@ def strict_loads(raw):
             brackets = _BRACKET_PAIR.sub("", brackets)
         if brackets: _bad_json("nesting deeper than %d" % MAX_DEPTH)
     return value
-
 def validate_request(obj):
     """Check a /verify body (or MCP arguments) field by field; raises RequestError, never truncates."""
     def need(ok, code, message):
@@ -772,7 +716,7 @@ def validate_request(obj):
     need(isinstance(obj.get("evidence"), dict), "invalid_evidence", "evidence must be a JSON object")
     need(kind is None or (isinstance(kind, str) and kind.lower() in KINDS), "unknown_kind", "kind: " + ", ".join(KINDS))
     need(ctx is None or isinstance(ctx, str), "invalid_context", "context must be a string")
-    need(ctx is None or len(ctx) <= MAX_CONTEXT, "context_too_long", "context is longer than %d characters" % MAX_CONTEXT)
+    need(ctx is None or len(ctx) <= MAX_CONTEXT, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
     need(cc is None or (isinstance(cc, dict) and len(cc) <= MAX_CALLER_KEYS and all(
         0 < len(k) <= MAX_CALLER_STR and (v is None or isinstance(v, (bool, int, float)) or (
             isinstance(v, str) and len(v) <= MAX_CALLER_STR)) for k, v in cc.items())), "invalid_caller_context",
@@ -784,84 +728,59 @@ _EVIDENCE_DOC = ("code_diff {diff}; db_op {before_count, after_count, operation,
                  "exists_before, exists_after, line_count?, size_bytes?, new_path?}; api_call {request, "
                  "response_status, response_body}; generic: any object.")
 _S, _O, _TITLE = {"type": "string"}, {"type": "object"}, "Verify an agent's claimed action"
+_RESPONSE_FIELDS = ("aar_verdict", "verdict", "confidence", "reason_codes", "reasoning", "kind_dispatched",
+                    "verifier_used", "details", "receipt")
 TOOL = {"name": "verify_action", "title": _TITLE, "annotations": {"title": _TITLE, "readOnlyHint": True,
                                                                   "idempotentHint": False, "openWorldHint": False},
         "description": "Check whether a claim about an action (code change, database operation, file operation, API "
-                       "call, or anything else) is consistent with the evidence supplied, using deterministic rules. "
-                       "Returns a verdict (verified, contradicted, insufficient_evidence, unsafe_to_verify), reason "
-                       "codes and a signed receipt. It fetches nothing: it judges only the evidence given, so a "
-                       "receipt never proves the claim true.",
-        "inputSchema": {"type": "object", "additionalProperties": False, "required": ["claim", "evidence"], "properties": {
-            "claim": dict(_S, minLength=1, maxLength=MAX_CLAIM, description="What the agent says it did."),
-            "evidence": dict(_O, description=_EVIDENCE_DOC),
-            "kind": dict(_S, enum=list(KINDS), description="Optional; else chosen by the evidence's shape."),
-            "context": dict(_S, maxLength=MAX_CONTEXT, description="Optional; bound into the receipt."),
-            "caller_context": dict(_O, description="Optional: at most 8 scalar values; keys and strings <= 64 chars.")}},
-        "outputSchema": {"type": "object", "required": ["aar_verdict", "verdict", "confidence", "reason_codes",
-                                                        "reasoning", "kind_dispatched", "verifier_used", "details",
-                                                        "receipt"], "properties": {
-            "aar_verdict": dict(_S, enum=list(VERDICTS)), "verdict": dict(_S, enum=list(LEGACY.values())),
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1}, "reason_codes": {"type": "array", "items": _S},
-            "reasoning": _S, "kind_dispatched": dict(_S, enum=list(KINDS)), "verifier_used": _S, "details": _O,
-            "receipt": _O}}}
-RULES_DOC = {  # one line per kind; each reason code's meaning (REASONS) gives the detail
-    "code_diff": "Unified diffs (git, diff -u with or without a/ b/ and timestamps, --no-prefix, /dev/null, renames, "
-                 "binary) are parsed. Paths match when equal or a whole-component suffix. Identifiers (backticked, "
-                 "dotted, snake_case, camelCase; paths removed first) must be in changed lines; without them, content "
-                 "words (>= 4 letters, no verbs or stopwords; -s -es -ed -ing allowed) must be. add/check need added "
-                 "lines in the named files, modify any change, remove removed lines; 'deleted file X' needs X deleted.",
-    "db_op": "Verb class (delete, insert, update, read) vs SQL kind (WITH, TRUNCATE = delete; MERGE, REPLACE, UPSERT, "
-             "ON CONFLICT: no direction) vs the sign of after-before vs affected_rows. A number right after the verb is "
-             "a count; id=N, id N, #N, noun N are identifiers, compared with WHERE id comparisons; literals never are.",
-    "file_op": "Verb vs existence (for rename/move exists_after is new_path's). Lines: equal +, off > 10% or > 50 "
-               "critical, else -. Sizes (KB/MB powers of 1000, KiB/MiB of 1024): within 1% +, > 50% critical, else -.",
-    "api_call": "Success words (sent, delivered, posted, created, succeeded, ok, success, accepted) or failure vs the "
-                "status class and the body's structure (ok/success, status, error, errors; whole words in plain text). "
-                "Emails, URLs (host and path) and IDs in the claim must be in the request.",
-    "generic": "Entities (numbers, URLs, emails, identifiers) support verified only with >= 3 distinct matches; "
-               "missing words are never negative; contradicted only by KEY is/was/=/: VALUE against that key's value."}
-DISPATCH = ["kind field, case-insensitive", "diff -> code_diff", "before_count/after_count/affected_rows -> db_op "
-            "(operation alone never)", "exists_before/exists_after/line_count/size_bytes -> file_op",
-            "request/response_status/response_body -> api_call", "otherwise generic"]
-
+                       "call, or anything else) is consistent with the evidence supplied, using deterministic rules; "
+                       "returns a verdict, reason codes and a signed receipt. It fetches nothing, so a receipt never "
+                       "proves the claim true.",
+        "inputSchema": {"type": "object", "additionalProperties": False, "required": ["claim", "evidence"],
+                        "properties": {
+            "claim": dict(_S, minLength=1, maxLength=MAX_CLAIM), "evidence": dict(_O, description=_EVIDENCE_DOC),
+            "kind": dict(_S, enum=list(KINDS)), "context": dict(_S, maxLength=MAX_CONTEXT), "caller_context": dict(
+                _O, description="At most 8 scalar values; keys and strings <= 64 characters.")}},
+        "outputSchema": {"type": "object", "required": list(_RESPONSE_FIELDS), "properties": dict(zip(
+            _RESPONSE_FIELDS, (
+            dict(_S, enum=list(VERDICTS)), dict(_S, enum=list(LEGACY.values())), {"type": "number", "minimum": 0,
+            "maximum": 1}, {"type": "array", "items": _S}, _S, dict(_S, enum=list(KINDS)), _S, _O, _O)))}}
 def rules_document():
     """The GET /rules document: decision rule, dispatch order, rules per kind, bounds, every reason code."""
-    return {"decision": DECISION, "confidence": CONFIDENCE, "dispatch_order": DISPATCH, "kinds": RULES_DOC,
-            "bounds": BOUNDS, "evidence_fields": {k: {"fields": sorted(f), "needs_one_of": g} for k, (f, g) in EVIDENCE.items()},
-            "reason_codes": {c: {"kind": k, "signal": _SIGNAL_NAMES[s], "meaning": m} for c, (k, s, m) in REASONS.items()}}
-
+    return {"decision": DECISION, "confidence": CONFIDENCE, "bounds": BOUNDS, "dispatch_order": DISPATCH,
+            "evidence": {k: {"fields": sorted(f), "needs_one_of": g} for k, (f, g) in EVIDENCE.items()},
+            "verbs": dict(VERB_CLASSES, api_call={"success": sorted(_OK_WORDS), "failure": sorted(_FAIL_WORDS)}),
+            "reason_codes": {c: dict(kind=k, signal=_SIGNAL_NAMES[s], meaning=m) for c, (k, s, m) in REASONS.items()}}
 def spec_document():
     """The GET /spec document: tool schema, kinds, verdicts, receipt fields, canonicalisation, version."""
-    return {"name": "verify_action.py", "version": VERSION, "proves": PROVES, "does_not_prove": NOT_PROVES, "tool": TOOL,
-            "kinds": list(KINDS), "evidence": _EVIDENCE_DOC, "verdicts": {"aar_verdict": VERDICTS, "legacy_verdict": LEGACY},
-            "receipt": {"schema": SCHEMA, "fields": RECEIPT_FIELDS, "verify": "POST /receipts/verify {\"receipt\": {...}}"
+    return {"name": "verify_action.py", "version": VERSION, "proves": PROVES, "does_not_prove": NOT_PROVES,
+            "tool": TOOL, "kinds": KINDS, "evidence": _EVIDENCE_DOC, "verdicts": {"aar_verdict": VERDICTS,
+                                                                                "legacy_verdict": LEGACY},
+            "receipt": {"schema": SCHEMA, "fields": RECEIPT_FIELDS, "verify": "POST /receipts/verify {\"receipt\": {}}"
                         " or verify_action.py verify-receipt FILE --key-file F", "canonicalization": "RFC 8785 (JCS): "
-                        "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal string escapes, UTF-8"},
+                        "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal escapes, UTF-8"},
             "limits": {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH},
             "endpoints": ["%s %s" % (m, p) for p, m in ROUTES.items()],
             "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]}}
-
 _rpc_error = lambda msg_id, code, message: {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
+_text = lambda text: {"type": "text", "text": text}
 _json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 class Service(object):
     """What HTTP and stdio share: the key ring, the issuer, counters and every handler."""
-
     def __init__(self, keyring, issuer="verify_action.py", clock=time.time):
-        self.keyring, self.issuer, self.clock, self.started, self._lock = keyring, issuer, clock, clock(), threading.Lock()
+        self.keyring, self.issuer, self.clock, self.started = keyring, issuer, clock, clock()
+        self._lock = threading.Lock()
         self.counts = {"verifications": 0, "by_kind": dict.fromkeys(KINDS, 0), "by_verdict": dict.fromkeys(VERDICTS, 0),
                        "receipt_checks": 0, "mcp_messages": 0, "errors_by_status": {}}
-
     def count(self, key, sub=None):
         """Add one to a counter of GET /stats (never anything about request content)."""
         with self._lock:
-            if sub is None: self.counts[key] += 1
-            else: self.counts[key][sub] = self.counts[key].get(sub, 0) + 1
-
+            table, name = (self.counts, key) if sub is None else (self.counts[key], sub)
+            table[name] = table.get(name, 0) + 1
     def stats(self):
         with self._lock:
             return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3))
-
     def verify(self, request):
         """Judge a validated request and sign the result: the /verify response object."""
         kind = dispatch_kind(request["evidence"], request.get("kind"))
@@ -872,28 +791,25 @@ class Service(object):
         return {"aar_verdict": verdict, "verdict": LEGACY[verdict], "confidence": confidence, "reason_codes": unique,
                 "reasoning": "%s (%s): %s" % (verdict, kind, " ".join(REASONS[c][2] for c in unique)),
                 "kind_dispatched": kind, "verifier_used": kind + "_v1", "details": details, "receipt": receipt}
-
     def post(self, path, raw, headers):
         """Handle a POST body; returns (status, JSON-able object, or None for an empty 202)."""
+        if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
+            return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
         try:
-            if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
-                raise RequestError("unsupported_protocol_version", "MCP-Protocol-Version: " + ", ".join(PROTOCOL_VERSIONS))
-            if path == "/mcp":
-                try:
-                    reply = self.mcp(strict_loads(raw), None)
-                except RequestError as e: reply = _rpc_error(None, -32700, "Parse error: " + e.message)
-                return (202, None) if reply is None else (200, reply)
             obj = strict_loads(raw)
+            if path == "/mcp":  # mcp() answers every message itself
+                reply = self.mcp(obj, None)
+                return (202, None) if reply is None else (200, reply)
             if path == "/verify": return 200, self.verify(validate_request(obj))
             if not isinstance(obj, dict) or set(obj) != {"receipt"} or not isinstance(obj["receipt"], dict):
                 raise RequestError("invalid_request", "the body must be {\"receipt\": {...}}")
-        except RequestError as e: return 400, {"error": e.code, "message": e.message}
+        except RequestError as e:  # over MCP a parse error is a JSON-RPC error, not an HTTP 400
+            error = _rpc_error(None, -32700, "Parse error: " + e.message)
+            return (200, error) if path == "/mcp" else (400, {"error": e.code, "message": e.message})
         self.count("receipt_checks")
         return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
-
     def mcp(self, msg, session):
-        """Answer one JSON-RPC message; None for notifications and responses. session is None over HTTP
-        (stateless) or a dict for stdio (initialize first; batches only under 2025-03-26)."""
+        """One JSON-RPC reply, or None; session: None over HTTP (stateless), a dict for stdio (handshake)."""
         if isinstance(msg, list):
             if session is None or session.get("version") != "2025-03-26" or not msg:
                 return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
@@ -904,13 +820,13 @@ class Service(object):
         if "method" not in msg: return None  # a response from the client: a tools-only server sends no requests
         if has_id and (isinstance(msg_id, bool) or not isinstance(msg_id, (str, int))):
             return _rpc_error(None, -32600, "Invalid Request: id must be a string or an integer")
-        if not isinstance(msg["method"], str): return _rpc_error(msg_id, -32600, "Invalid Request: method must be a string")
+        if not isinstance(msg["method"], str): return _rpc_error(msg_id, -32600, "Invalid Request: method")
         if not has_id: return None  # notifications are never answered
         try:
-            return {"jsonrpc": "2.0", "id": msg_id, "result": self._method(msg["method"], msg.get("params", {}), session)}
+            result = self._method(msg["method"], msg.get("params", {}), session)
+            return {"jsonrpc": "2.0", "id": msg_id, "result": result}
         except RequestError as e: return _rpc_error(msg_id, e.code, e.message)
         except Exception: return _rpc_error(msg_id, -32603, "Internal error")
-
     def _method(self, method, params, session):
         def need(ok, code, message):
             if not ok: raise RequestError(code, message)
@@ -935,9 +851,8 @@ class Service(object):
         try:
             result = self.verify(validate_request(args))
         except RequestError as e:  # a tool execution error, so the model can correct its arguments
-            return {"content": [{"type": "text", "text": "invalid arguments: %s: %s" % (e.code, e.message)}], "isError": True}
-        return {"content": [{"type": "text", "text": _json_text(result)}], "structuredContent": result, "isError": False}
-
+            return {"content": [_text("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
+        return {"content": [_text(_json_text(result))], "structuredContent": result, "isError": False}
 def serve_stdio(service, inp, out, max_line=4 << 20):
     """MCP over stdio: newline-delimited JSON-RPC on binary streams, until EOF on inp."""
     session = {}
@@ -959,22 +874,21 @@ def serve_stdio(service, inp, out, max_line=4 << 20):
 ROUTES = {"/": "GET", "/healthcheck": "GET", "/spec": "GET", "/rules": "GET", "/stats": "GET",
           "/verify": "POST", "/receipts/verify": "POST", "/mcp": "POST"}
 _ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}
+_SINGLE = {"content-length", "transfer-encoding", "authorization", "origin", "content-type"}  # never repeated
 MAX_HEAD, GRACE = 16384, 0.05  # GRACE: how long a worker waits for the next request before parking a connection
-_SCRIPT = """document.getElementById("f").onsubmit=async function(e){e.preventDefault();
-var g=function(i){return document.getElementById(i)},o=g("out"),b,h={"Content-Type":"application/json"};
-try{b={claim:g("claim").value,evidence:JSON.parse(g("evidence").value)}}catch(x){o.textContent="evidence is not JSON";return}
-if(g("kind").value)b.kind=g("kind").value;if(g("tok").value)h.Authorization="Bearer "+g("tok").value;
-var r=await fetch("/verify",{method:"POST",headers:h,body:JSON.stringify(b)});
-o.textContent="HTTP "+r.status+"\\n"+JSON.stringify(await r.json(),null,2)};"""
-_STYLE = ("body{font:15px/1.5 system-ui,sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem}textarea,input,"
-          "select{width:100%;font:13px monospace;box-sizing:border-box}table{border-collapse:collapse}td,th{border:1px "
-          "solid #ccc;padding:.2rem .4rem;text-align:left;vertical-align:top}pre{background:#f4f4f4;padding:.6rem}")
+_SCRIPT = """var g=function(i){return document.getElementById(i)};g("f").onsubmit=async function(e){e.preventDefault();
+var o=g("out"),b,h={"Content-Type":"application/json"};try{b={claim:g("claim").value,evidence:JSON.parse(g("evidence")
+.value)}}catch(x){o.textContent="evidence is not JSON";return}if(g("kind").value)b.kind=g("kind").value;if(g("tok")
+.value)h.Authorization="Bearer "+g("tok").value;var r=await fetch("/verify",{method:"POST",headers:h,body:JSON.
+stringify(b)});o.textContent="HTTP "+r.status+"\\n"+JSON.stringify(await r.json(),null,2)};"""
+_STYLE = ("body{font:15px/1.5 sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem}textarea,input,select{width:"
+          "100%;font:13px monospace}td,th{border:1px solid #ccc;padding:.2rem .4rem;text-align:left}")
 _EXAMPLE_DIFF = ("diff --git a/src/user.py b/src/user.py\n--- a/src/user.py\n+++ b/src/user.py\n@@ -10,2 +10,4 @@\n"
-                 " def save(user):\n+    if user.email is None:\n+        raise ValueError(\"email required\")\n     db.write(user)\n")
+                 " def save(user):\n+    if user.email is None:\n+        raise ValueError(\"no email\")\n"
+                 "     db.write(user)\n")
 CSP = "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; base-uri 'none'; " \
       "frame-ancestors 'none'" % tuple("'sha256-%s'" % base64.b64encode(hashlib.sha256(t.encode()).digest()).decode()
                                        for t in (_SCRIPT, _STYLE))
-
 def render_page():
     """The HTML page at GET /: what a receipt proves and does not prove, the rules table, a form."""
     e = html.escape
@@ -990,38 +904,28 @@ def render_page():
             "`user.email` is set in src/user.py</textarea></label></p><p><label>evidence (a JSON object)"
             "<textarea id=evidence rows=8>%s</textarea></label></p><p><label>bearer token (only if the service "
             "requires one)<input id=tok type=password autocomplete=off></label></p><p><button>Verify</button></p>"
-            "</form><pre id=out></pre><h2>Verdicts</h2><p>%s %s</p><h2>Rules</h2><table>%s</table>"
-            "<h2>Reason codes</h2><table><tr><th>code</th><th>kind</th><th>signal</th><th>meaning</th></tr>%s"
+            "</form><pre id=out></pre><h2>Verdicts</h2><p>%s %s</p>"
+            "<h2>Rules: the reason codes</h2><table><tr><th>code<th>kind<th>signal<th>meaning</tr>%s"
             "</table><p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>"
             "<script>%s</script></body></html>") % (
         _STYLE, VERSION, e(PROVES), e(NOT_PROVES), "".join("<option>%s</option>" % k for k in KINDS),
-        e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)), e(DECISION), e(CONFIDENCE),
-        "".join("<tr><td><code>%s</code></td><td>%s</td></tr>" % (k, e(RULES_DOC[k])) for k in KINDS), rows, _SCRIPT)
-
-class _Gone(Exception):
-    """The peer closed or reset the connection: nothing more can be said."""
+        e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)), e(DECISION), e(CONFIDENCE), rows, _SCRIPT)
 
 class _Conn(object):
-    __slots__ = ("sock", "buf")
-
-    def __init__(self, sock):
-        self.sock, self.buf = sock, bytearray()
-
+    __slots__ = ("sock", "buf")  # a client socket and the bytes read from it but not yet used
+    def __init__(self, sock): self.sock, self.buf = sock, bytearray()
 def _is_loopback(host):
     try:
         return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError: return False
 
 class Server(object):
-    """HTTP/1.1 with keep-alive. One selector thread accepts and parks idle connections; a fixed pool of workers
-    serves ready ones, so threads never grow with clients. A connection that waits longer than queue_wait for a
-    worker gets 503; a request not read within read_deadline gets 408; idle connections close after idle_timeout."""
-
+    """HTTP/1.1 keep-alive: a selector thread parks idle connections, a fixed worker pool serves ready ones (no
+    thread per client). queue_wait for a worker -> 503; request unread by read_deadline -> 408; idle_timeout."""
     def __init__(self, service, host="127.0.0.1", port=8092, workers=16, max_body=MAX_BODY, token=None,
                  origins=(), read_deadline=10.0, idle_timeout=15.0, queue_wait=5.0, max_conns=1000):
-        self.service, self.workers, self.max_body, self.token, self.read_deadline = (
-            service, workers, max_body, token, read_deadline)
-        self.idle_timeout, self.queue_wait, self.max_conns = idle_timeout, queue_wait, max_conns
+        self.__dict__.update(service=service, workers=workers, max_body=max_body, token=token, queue_wait=queue_wait,
+                             read_deadline=read_deadline, idle_timeout=idle_timeout, max_conns=max_conns)
         self.sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                          backlog=512)
         self.sock.setblocking(False)
@@ -1029,26 +933,23 @@ class Server(object):
         names = ("127.0.0.1", "localhost", "[::1]") if _is_loopback(host) else ("[%s]" % host if ":" in host else host,)
         self.origins = {"http://%s:%d" % (h, self.port) for h in names} | set(origins) | {None}  # None: no Origin
         self._sel, (self._wake_r, self._wake_w) = selectors.DefaultSelector(), socket.socketpair()
-        self._wake_r.setblocking(False)
         self._ready, self._returned, self._parked = collections.deque(), collections.deque(), {}
         self._cv, self._open_lock, self._open, self._stop = threading.Condition(), threading.Lock(), 0, False
         self._docs = {"/": render_page().encode("utf-8"), "/spec": _json_text(spec_document()).encode("utf-8"),
                       "/rules": _json_text(rules_document()).encode("utf-8")}
-
     def serve_forever(self):
         """Run until shutdown(): the calling thread becomes the selector thread."""
         for i in range(self.workers):
             threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
         self._sel.register(self.sock, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._wake_r.setblocking(False)
         last_sweep = time.monotonic()
         while not self._stop:
             for key, _ in self._sel.select(0.25):
                 if key.data == "accept": self._accept()
                 elif key.data == "wake":  # workers hand back keep-alive connections to watch
-                    try:
-                        while self._wake_r.recv(4096): pass
-                    except OSError: pass
+                    self._wake_r.recv(65536)
                     while self._returned: self._park(self._returned.popleft())
                 else:  # a parked connection has data: hand it to a worker
                     self._sel.unregister(key.fileobj)
@@ -1070,12 +971,10 @@ class Server(object):
             self._ready.extend((None, 0) for _ in range(self.workers))
             self._cv.notify_all()
         for s in (self._sel, self.sock, self._wake_r, self._wake_w): s.close()
-
     def shutdown(self):
         """Stop serve_forever (from another thread)."""
         self._stop = True
         self._wake_w.send(b"x")
-
     def _accept(self):
         while True:
             try:
@@ -1088,14 +987,11 @@ class Server(object):
                 full = self._open > self.max_conns
             if full: self._finish(_Conn(s), self._error(503, "service_unavailable", "too many open connections"))
             else: self._park(_Conn(s))
-
     def _park(self, conn):
         self._parked[conn] = time.monotonic()
         self._sel.register(conn.sock, selectors.EVENT_READ, conn)
-
     def _finish(self, conn, data=b"", linger=0.0, parked=False):
-        """Send data, then close without resetting the connection: discard input until the client is quiet
-        (at most linger seconds; with linger 0 only what has already arrived, so the caller never blocks)."""
+        """Send data, then close without a reset: discard input until the client is quiet (linger 0: no wait)."""
         s, end = conn.sock, time.monotonic() + linger
         if parked: del self._parked[conn]
         try:
@@ -1107,7 +1003,6 @@ class Server(object):
         except OSError: pass
         with self._open_lock: self._open -= 1
         s.close()
-
     def _work(self):
         while True:
             with self._cv:
@@ -1119,18 +1014,15 @@ class Server(object):
                 try:
                     self._wake_w.send(b"x")
                 except OSError: self._finish(conn)  # shut down meanwhile
-
     def _error(self, status, code, message, headers=(), head_only=False):
-        return self._response(status, _json_text({"error": code, "message": message}).encode("utf-8"), True,
-                              "application/json", headers, head_only)
-
+        body = _json_text({"error": code, "message": message}).encode("utf-8")
+        return self._response(status, body, True, "application/json", headers, head_only)
     def _response(self, status, body, close, ctype="application/json", extra=(), head_only=False):
         lines = ["HTTP/1.1 %d %s" % (status, http.HTTPStatus(status).phrase)]
         lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)] if status != 204 else []
         lines += ["Cache-Control: no-store", "X-Content-Type-Options: nosniff"] + ["Connection: close"] * close
         head = ("\r\n".join(lines + ["%s: %s" % h for h in extra]) + "\r\n\r\n").encode("latin-1")
         return head if head_only or status == 204 else head + body
-
     def _serve(self, conn):
         """Serve requests on one connection while they keep coming; True means park it again."""
         wait = self.read_deadline  # the selector saw data: the first request is already arriving
@@ -1142,7 +1034,7 @@ class Server(object):
                 head_only = req[0] == "HEAD"
                 status, extra, ctype, body, close = self._handle(conn, *req)
                 data = self._response(status, body, close, ctype, extra, head_only)
-            except _Gone: return self._finish(conn)
+            except ConnectionError: return self._finish(conn)  # the peer has gone: nothing more can be said
             except RequestError as e:
                 status, close, data = e.status, True, self._error(e.status, e.code, e.message, e.headers, head_only)
             except Exception:  # a bug must still answer, never drop the connection or print a traceback
@@ -1154,35 +1046,31 @@ class Server(object):
                 conn.sock.sendall(data)
             except OSError: return self._finish(conn)
             wait = GRACE
-
     def _recv(self, conn, timeout):
         try:
             conn.sock.settimeout(max(timeout, 0.001))
-            return conn.sock.recv(65536)
+            data = conn.sock.recv(65536)
         except socket.timeout: raise RequestError("request_timeout", "not received in %gs" % self.read_deadline, 408)
-        except OSError: raise _Gone()
-
+        except OSError: raise ConnectionError()
+        conn.buf += data
+        return data
     def _read_head(self, conn, wait):
         """Read and parse one request head; None when no byte arrives within wait."""
-        buf = conn.buf
-        if not buf:
+        if not conn.buf:
             try:
-                data = self._recv(conn, wait)
+                if not self._recv(conn, wait): raise ConnectionError()
             except RequestError: return None
-            if not data: raise _Gone()
-            buf += data
         deadline = time.monotonic() + self.read_deadline
         while True:
-            i, j = buf.find(b"\n\r\n"), buf.find(b"\n\n")
+            i, j = conn.buf.find(b"\n\r\n"), conn.buf.find(b"\n\n")
             end = -1 if i < 0 and j < 0 else i + 3 if j < 0 or 0 <= i < j else j + 2
-            if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
+            if (end if end >= 0 else len(conn.buf)) > MAX_HEAD:  # a body may follow a short head in buf
                 raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
             if end >= 0: break
-            data = self._recv(conn, deadline - time.monotonic())
-            if not data: raise RequestError("truncated_request", "the connection closed inside the request head")
-            buf += data
-        lines = bytes(buf[:end]).decode("latin-1").split("\n")
-        del buf[:end]
+            if not self._recv(conn, deadline - time.monotonic()):
+                raise RequestError("truncated_request", "the connection closed inside the request head")
+        lines = bytes(conn.buf[:end]).decode("latin-1").split("\n")
+        del conn.buf[:end]
         method, _, rest = lines[0].rstrip("\r").partition(" ")
         target, _, version = rest.partition(" ")
         if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*") and version and " " not in version):
@@ -1191,16 +1079,13 @@ class Server(object):
         headers = {}
         for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
             name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip() or len(headers) >= 100:  # also refuses folded lines
-                raise RequestError("bad_header", "malformed header line")
-            name, value = name.lower(), value.strip()
-            if name in headers and name in ("content-length", "transfer-encoding", "authorization", "origin", "content-type"):
-                raise RequestError("duplicate_header", "a header that must be single is repeated")
-            headers[name] = headers[name] + ", " + value if name in headers else value
-        connection = headers.get("connection", "").lower()
-        keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+            name = name.lower()
+            if not sep or name != name.strip() or not name or len(headers) > 99 or name in headers.keys() & _SINGLE:
+                raise RequestError("bad_header", "a malformed, folded or repeated header line")
+            headers[name] = headers[name] + ", " + value.strip() if name in headers else value.strip()
+        keep = headers.get("connection", "").lower()
+        keep = "close" not in keep if version == "HTTP/1.1" else "keep-alive" in keep
         return method, target.split("?", 1)[0], headers, keep, deadline
-
     def _handle(self, conn, method, path, headers, keep, deadline):
         """Route one request; returns (status, extra headers, content type, body, close)."""
         close = not keep or "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", "")
@@ -1210,8 +1095,8 @@ class Server(object):
         if method == "OPTIONS": return 204, allow, "", b"", close
         if method not in _ALLOW[route].split(", "): raise RequestError("method_not_allowed", "see Allow", 405, allow)
         if path == "/":
-            return 200, [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")], "text/html; charset=utf-8", \
-                self._docs[path], close
+            page = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")]
+            return 200, page, "text/html; charset=utf-8", self._docs[path], close
         if route == "GET":
             return 200, [], "application/json", self._docs.get(path) or _json_text({"status": "ok", "version": VERSION}
                                                   if path == "/healthcheck" else self.service.stats()).encode(), close
@@ -1226,51 +1111,51 @@ class Server(object):
         scheme, _, given = headers.get("authorization", "").partition(" ")
         if self.token is not None and not (scheme.lower() == "bearer" and hmac.compare_digest(
                 given.strip().encode("latin-1"), self.token)):
-            raise RequestError("unauthorized", "send Authorization: Bearer <token>", 401, [("WWW-Authenticate", "Bearer")])
+            raise RequestError("unauthorized", "a bearer token is required", 401, [("WWW-Authenticate", "Bearer")])
         if headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             raise RequestError("unsupported_media_type", "Content-Type must be application/json", 415)
         if headers.get("expect", "").lower() == "100-continue": conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        while len(conn.buf) < int(length):
-            data = self._recv(conn, deadline - time.monotonic())
-            if not data: raise RequestError("truncated_body", "the connection closed before Content-Length bytes came")
-            conn.buf += data
-        body = bytes(conn.buf[:int(length)])
-        del conn.buf[:int(length)]
+        n = int(length)
+        while len(conn.buf) < n:
+            if not self._recv(conn, deadline - time.monotonic()):
+                raise RequestError("truncated_body", "the connection closed before Content-Length bytes came")
+        body = bytes(conn.buf[:n])
+        del conn.buf[:n]
         status, obj = self.service.post(path, body, headers)
         return status, [], "application/json", b"" if obj is None else _json_text(obj).encode("utf-8"), not keep
 
 # ---- §9 Command line ---------------------------------------------------------------------------------------------
-def _fail(message):
-    sys.stderr.write("verify_action.py: error: %s\n" % message)
-    return 2
-
 def _origin(value):
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment:
         raise argparse.ArgumentTypeError("expected scheme://host[:port]")
     return value
-
+def _fail(message):
+    sys.stderr.write("verify_action.py: error: %s\n" % message)
+    return 2
+def _receipt_command(argv):
+    """keygen --key-file F | verify-receipt FILE --key-file F (a bare receipt or a whole /verify response)."""
+    p = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
+    if argv[0] == "verify-receipt": p.add_argument("file")
+    p.add_argument("--key-file", required=True)
+    a = p.parse_args(argv[1:])
+    try:
+        if argv[0] == "keygen":
+            print(keygen(a.key_file))  # the new kid
+            return 0
+        ring = load_keyring(a.key_file)
+        with open(a.file, "rb") as f:
+            doc = strict_loads(f.read(MAX_BODY + 1))
+    except (OSError, ValueError) as e: return _fail(getattr(e, "message", None) or e)
+    doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
+    valid, reason, kid = verify_receipt(doc, ring)
+    print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
+    return 0 if valid else 1
 def main(argv=None):
     """Command-line entry point; returns the exit status."""
-    argv, fail = sys.argv[1:] if argv is None else list(argv), _fail
-    p = argparse.ArgumentParser(prog="verify_action.py " + argv[0] if argv[:1] in (["keygen"], ["verify-receipt"])
-                                else "verify_action.py", description=__doc__.split("\n\n")[0])
-    if argv[:1] in (["keygen"], ["verify-receipt"]):
-        if argv[0] == "verify-receipt": p.add_argument("file", help="a receipt, or a whole /verify response, as JSON")
-        p.add_argument("--key-file", required=True)
-        a = p.parse_args(argv[1:])
-        try:
-            if argv[0] == "keygen":
-                print(keygen(a.key_file))  # the new kid
-                return 0
-            ring = load_keyring(a.key_file)
-            with open(a.file, "rb") as f:
-                doc = strict_loads(f.read(MAX_BODY + 1))
-        except (OSError, ValueError) as e: return fail(getattr(e, "message", None) or e)
-        doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
-        valid, reason, kid = verify_receipt(doc, ring)
-        print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
-        return 0 if valid else 1
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["keygen"], ["verify-receipt"]): return _receipt_command(argv)
+    p = argparse.ArgumentParser(prog="verify_action.py", description=__doc__.split("\n\n")[0])
     for flag, kw in (("--host", dict(default="127.0.0.1", help="bind address; non-loopback is an explicit opt-in")),
                      ("--port", dict(type=int, default=8092, help="0 picks a free port (printed on stderr)")),
                      ("--key-file", dict(help="key ring (see keygen); without it an ephemeral key is used")),
@@ -1281,36 +1166,34 @@ def main(argv=None):
                      ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP"))):
         p.add_argument(flag, **kw)
     a = p.parse_args(argv)
-    if not (0 <= a.port <= 65535 and 1 <= a.workers <= 256 and 1024 <= a.max_body <= 64 << 20 and 0 < len(a.issuer) <= 128):
-        return fail("--port 0-65535, --workers 1-256, --max-body 1024-67108864, --issuer 1-128 characters")
+    if not (0 <= a.port < 65536 and 0 < a.workers <= 256 and 1024 <= a.max_body <= 64 << 20 and 0 < len(a.issuer) < 99):
+        return _fail("--port 0-65535, --workers 1-256, --max-body 1024-67108864, --issuer 1-98 characters")
     try:
         ring = load_keyring(a.key_file) if a.key_file else KeyRing.generate()
         token = read_private_file(a.token_file).strip().encode("utf-8") if a.token_file else None
-    except (OSError, ValueError) as e: return fail(e)
-    if token is not None and (len(token) < 16 or b"\n" in token): return fail("--token-file: one token, >= 16 characters")
-    if ring.ephemeral:
-        sys.stderr.write("verify_action.py: no --key-file: using an ephemeral key (kid %s); its receipts cannot be "
-                         "verified after a restart. Create a key ring with: verify_action.py keygen --key-file F\n" % ring.kid)
+    except (OSError, ValueError) as e: return _fail(e)
+    if token is not None and (len(token) < 16 or b"\n" in token): return _fail("--token-file: one token, >= 16 chars")
+    if ring.ephemeral: sys.stderr.write("verify_action.py: no --key-file: an ephemeral key (kid %s) signs, so receipts "
+                                        "cannot be verified after a restart (see keygen)\n" % ring.kid)
     service = Service(ring, a.issuer)
     if a.stdio:
         out, sys.stdout = sys.stdout.buffer, sys.stderr  # a stray print must never corrupt the protocol stream
-        try:
-            serve_stdio(service, sys.stdin.buffer, out)
-        except KeyboardInterrupt: pass
+        serve_stdio(service, sys.stdin.buffer, out)
         return 0
     try:
         server = Server(service, a.host, a.port, a.workers, a.max_body, token, a.allow_origin)
-    except OSError as e: return fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
+    except OSError as e: return _fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
     if not _is_loopback(a.host) and token is None:
-        sys.stderr.write("verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can reach "
-                         "this port can obtain signed receipts\n" % a.host)
+        sys.stderr.write("verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
+                         "reach this port can obtain signed receipts\n" % a.host)
     sys.stderr.write("verify_action.py %s listening on http://%s:%d (kid %s)\n" % (
         VERSION, "[%s]" % a.host if ":" in a.host else a.host, server.port, ring.kid))
     sys.stderr.flush()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt: pass
+    server.serve_forever()
     return 0
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C ends the service quietly
+        sys.exit(0)
