@@ -288,6 +288,7 @@ class TestRecordsFile(RecordsCase):
                          "line 1 column 2 (char 1)"),
             ('{"x": 1} {"y": 2}', "is not strict JSON: Extra data: line 1 column 10 (char 9)"),
             ('{"x": 1' + "0" * 65 + "}", "is not strict JSON: integer with more than 64 digits"),
+            ('{"x": ' + "[" * 100000 + "]" * 100000 + "}", "is not strict JSON: nests too deeply"),
         )
         for line, message in cases:
             with self.subTest(line=line):
@@ -623,10 +624,12 @@ class TestMcpErrors(McpProcessCase):
                                   b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":NaN}}\n',
                                   b'{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}\n',
                                   b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"\\ud800"}}\n',
+                                  b"[" * 300000 + b"]" * 300000 + b"\n",
                                   initialize())
-        self.assertEqual([self.error_code(r) for r in replies[:6]], [-32700] * 6)
-        self.assertTrue(all(r["id"] is None for r in replies[:6]))
-        self.assertIn("result", replies[6])                         # the session goes on
+        self.assertEqual([self.error_code(r) for r in replies[:7]], [-32700] * 7)
+        self.assertTrue(all(r["id"] is None for r in replies[:7]))
+        self.assertEqual(replies[6]["error"]["message"], "Parse error: nests too deeply")
+        self.assertIn("result", replies[7])                         # the session goes on
 
     def test_invalid_requests(self):
         replies, _ = self.session(initialize(),
@@ -2489,6 +2492,12 @@ class TestBuildCommand(TempDirCase):
         with self.assertRaises(vm.PackError):
             vm.publish_pack(files, out, lambda staging: vm.load_pack(staging, vm.TrustPolicy(), NOW))
         self.assertEqual(os.listdir(self.tmp), [])
+
+    def test_an_unwritable_place_fails_cleanly(self):
+        done = self.build("/proc/verified-memory-test-pack")
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"verified-memory: failed, nothing was written: ", done.stderr)
+        self.assertNotIn(b"Traceback", done.stderr)
 
     def test_relative_inputs_and_required_flags(self):
         done = run("build", "--messages", "examples/input/messages.jsonl", "--records",

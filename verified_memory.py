@@ -23,10 +23,10 @@ bytes, not that the quotes are true; quotes are historical data, never orders.
 """
 
 import array
-import heapq
 import binascii
 import datetime
 import hashlib
+import heapq
 import json
 import os
 import re
@@ -552,12 +552,14 @@ def strict_json_loads(text):
     """Parse one JSON text: no BOM, duplicate keys, NaN/Infinity or lone surrogates; ValueError otherwise."""
     if text.startswith("\ufeff"):
         raise ValueError("starts with a byte order mark")
-    value = _STRICT_JSON.decode(text)
-    if _SURROGATE_ESCAPE.search(text):       # rare: only then walk the value
-        try:
+    try:
+        value = _STRICT_JSON.decode(text)
+        if _SURROGATE_ESCAPE.search(text):   # rare: only then walk the value
             _check_encodable(value)
-        except UnicodeEncodeError:
-            raise ValueError("contains a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
+    except RecursionError:                   # a line of brackets must not crash the caller
+        raise ValueError("nests too deeply") from None
     return value
 
 
@@ -1705,8 +1707,7 @@ def sign_command(options):
         raise UsageError("--sequence must be a whole number, 0 or more")
     now = int(time.time())
     files, _ = read_pack(os.path.abspath(options["--pack"]))
-    pack = verify_pack_files(files)                       # the input must verify before it is copied
-    decide(pack, TrustPolicy(), now * 10**9)
+    verify_pack_files(files)                              # the input must verify before it is copied
     dates = {"format": PACK_FORMAT, "version": PACK_FORMAT_VERSION, "created_utc": _utc_text(now),
              "expires_utc": parse_expires(options["--expires"], now)}
     if sequence is not None:
@@ -1730,7 +1731,7 @@ def sign_command(options):
     out = publish_pack(signed, options["--out"], finish)
     name = re.sub(r"[^A-Za-z0-9._@-]", "-", os.path.basename(key)) or "signer"
     print("signed %s (expires %s%s)" % (out, dates["expires_utc"],
-                                        ", sequence %s" % sequence if sequence is not None else ""))
+                                        ", sequence %d" % dates["sequence"] if "sequence" in dates else ""))
     print("key fingerprint: %s" % print_)
     print("pin it on hosts: --trusted-fingerprint %s" % print_)
     print("trusted-keys line: %s ssh-ed25519 %s" % (name, public_text[1]))
@@ -1872,6 +1873,9 @@ def main(argv=None):
         return 2
     except PackError as e:
         print("verified-memory: refused: %s" % e, file=sys.stderr)
+        return 1
+    except OSError as e:                      # build and sign: a folder that cannot be written, a full disk
+        print("verified-memory: failed, nothing was written: %s" % e, file=sys.stderr)
         return 1
     freshness = snapshot.verification(time.time_ns())["freshness"]
     if freshness["status"] in ("stale", "not_yet_valid"):
