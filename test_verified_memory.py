@@ -57,6 +57,14 @@ def record_line(record):
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 
+def make_key(folder, name, passphrase="", kind="ed25519"):
+    """A new key pair made by real ssh-keygen -> the private key's path (KEY.pub beside it)."""
+    key = os.path.join(folder, name)
+    subprocess.run([SSH_KEYGEN, "-q", "-t", kind, "-N", passphrase, "-C", name, "-f", key], check=True,
+                   stdin=subprocess.DEVNULL)
+    return key
+
+
 def run(*args, stdin=b"", timeout=60, **kwargs):
     """Run verified_memory.py as a process -> CompletedProcess with bytes stdout/stderr."""
     return subprocess.run([sys.executable, SCRIPT] + list(args), input=stdin, capture_output=True,
@@ -2238,10 +2246,7 @@ class TestTrustFlagsOnTheCommandLine(SignedCase):
 @unittest.skipUnless(SSH_KEYGEN, "ssh-keygen is not installed")
 class TestWithRealOpenSSH(SignedCase):
     def keygen(self, name, passphrase="", kind="ed25519"):
-        key = os.path.join(self.tmp, name)
-        subprocess.run([SSH_KEYGEN, "-q", "-t", kind, "-N", passphrase, "-C", name, "-f", key], check=True,
-                       stdin=subprocess.DEVNULL)
-        return key
+        return make_key(self.tmp, name, passphrase, kind)
 
     def test_ssh_keygen_signature_loads_as_verified_with_its_fingerprint_pinned(self):
         key = self.keygen("packkey")
@@ -2509,10 +2514,7 @@ class TestBuildCommand(TempDirCase):
 @unittest.skipUnless(SSH_KEYGEN, "ssh-keygen is not installed")
 class TestSignCommand(TempDirCase):
     def keygen(self, name, passphrase="", kind="ed25519"):
-        key = os.path.join(self.tmp, name)
-        subprocess.run([SSH_KEYGEN, "-q", "-t", kind, "-N", passphrase, "-C", name, "-f", key], check=True,
-                       stdin=subprocess.DEVNULL)
-        return key
+        return make_key(self.tmp, name, passphrase, kind)
 
     def sign(self, pack, key, out, *extra):
         env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}   # no agent: the key file itself
@@ -2757,8 +2759,7 @@ def _bench_ed25519(tmp, count=256):
     if not SSH_KEYGEN:
         print("  ssh-keygen not found: no comparison with ssh-keygen -Y verify")
         return
-    key = os.path.join(tmp, "key")
-    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+    key = make_key(tmp, "key")
     pack = os.path.join(tmp, "signed")
     shutil.copytree(EXAMPLE, pack)
     subprocess.run([SSH_KEYGEN, "-Y", "sign", "-f", key, "-n", "verified-memory-pack-v1",
