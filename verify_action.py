@@ -45,8 +45,7 @@ REASONS = {
     "path_not_in_diff": ("code_diff", "!", "None of the files the claim names is in the diff."),
     "identifier_in_changed_lines": ("code_diff", "+", "Every identifier the claim names is in changed lines."),
     "identifier_not_in_changed_lines": ("code_diff", "-", "An identifier the claim names is in no changed line."),
-    "content_words_absent": ("code_diff", "-", "No identifier named, and no content word (>= 4 letters, "
-                                               "not a verb or stopword; -s -es -ed -ing allowed) is in changed lines."),
+    "content_words_absent": ("code_diff", "-", "No identifier named; no content word (-s -ed -ing ok) is changed."),
     "action_matches_lines": ("code_diff", "+", "Lines moved as claimed in the named files (add, check: added)."),
     "action_mismatch_lines": ("code_diff", "-", "The claimed action does not match the line movement there."),
     "file_deleted": ("code_diff", "+", "The file the claim says was deleted is deleted in the diff."),
@@ -86,8 +85,7 @@ REASONS = {
     "target_matches": ("api_call", "+", "Every target the claim names (email, URL, ID) is in the request."),
     "target_mismatch": ("api_call", "!", "The request names a different email, URL host or path, or ID."),
     "target_not_in_request": ("api_call", "-", "A target the claim names is not in the request."),
-    "entities_match": ("generic", "+", "One of >= 3 distinct entities of the claim (numbers, URLs, emails, "
-                                       "identifiers) found in the evidence."),
+    "entities_match": ("generic", "+", "One of >= 3 distinct claimed numbers, URLs, emails, identifiers found."),
     "explicit_value_match": ("generic", "+", "A value the claim states for a key (KEY is VALUE) equals the evidence."),
     "explicit_value_conflict": ("generic", "!", "A value the claim states for a key differs from the evidence's."),
 }
@@ -1045,6 +1043,7 @@ class Server(object):
                 conn.sock.settimeout(self.read_deadline)
                 conn.sock.sendall(data)
             except OSError: return self._finish(conn)
+            if self._ready and not conn.buf: return True  # others wait for a worker: take turns via the selector
             wait = GRACE
     def _recv(self, conn, timeout):
         try:
