@@ -1053,6 +1053,30 @@ class Fairness(unittest.TestCase):
             thread.join(5)
 
 
+class IdleAndDefaults(unittest.TestCase):
+    def test_idle_keepalive_connection_is_closed(self):
+        server, thread = in_process_server(idle_timeout=0.5)
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        f = s.makefile("rb")
+        try:
+            s.sendall(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertEqual(read_response(f)[0], 200)
+            started = time.monotonic()
+            self.assertEqual(f.read(1), b"")  # the server closes the idle connection
+            self.assertLess(time.monotonic() - started, 3)
+        finally:
+            f.close()
+            s.close()
+            server.shutdown()
+            thread.join(5)
+
+    def test_spec_defaults(self):
+        import inspect
+        d = {k: v.default for k, v in inspect.signature(va.Server).parameters.items()}
+        self.assertEqual((d["host"], d["port"], d["workers"], d["read_deadline"], d["idle_timeout"], d["queue_wait"],
+                          d["max_body"]), ("127.0.0.1", 8092, 16, 10.0, 15.0, 5.0, 1 << 20))
+
+
 class ServerProcess(object):
     """The real script as a subprocess on an ephemeral port."""
 
