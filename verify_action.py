@@ -1043,7 +1043,7 @@ class Server(object):
                 conn.sock.settimeout(self.read_deadline)
                 conn.sock.sendall(data)
             except OSError: return self._finish(conn)
-            if self._ready and not conn.buf: return True  # others wait for a worker: take turns via the selector
+            if not conn.buf and (self._ready or self._open > 2): return True  # busy: queue in arrival order
             wait = GRACE
     def _recv(self, conn, timeout):
         try:
