@@ -545,9 +545,9 @@ _STRICT_JSON = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def _check_value(value):
-    """Walk a parsed value: nesting within MAX_JSON_DEPTH, no lone surrogate in any key or string."""
-    stack = [(value, 1)]
+def _check_value(value, depth=1):
+    """Walk a parsed value found at `depth`: nesting within MAX_JSON_DEPTH, no lone surrogate anywhere."""
+    stack = [(value, depth)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
@@ -559,16 +559,17 @@ def _check_value(value):
             stack.extend((child, depth + 1) for child in children)
 
 
-def strict_json_loads(text):
+def strict_json_loads(text, depth_checked_by_caller=False):
     """Parse one JSON text strictly -> value; ValueError for a BOM, duplicate keys, NaN/Infinity or a number
     that is not a finite double, a lone surrogate, or nesting deeper than MAX_JSON_DEPTH (the same limit on
-    every Python version)."""
+    every Python version). A caller that knows the shape may check the depth of the open parts itself."""
     if text.startswith("\ufeff"):
         raise ValueError("starts with a byte order mark")
     try:
         value = _STRICT_JSON.decode(text)
         # both walks are rare: only lines with surrogate escapes or enough brackets to nest that deep
-        if _SURROGATE_ESCAPE.search(text) or text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        if _SURROGATE_ESCAPE.search(text) or not depth_checked_by_caller and \
+                text.count("[") + text.count("{") > MAX_JSON_DEPTH:
             _check_value(value)
     except UnicodeEncodeError:
         raise ValueError("contains a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
@@ -668,16 +669,29 @@ def _int_field(value, line, field, minimum, file=RECORDS):
     return value
 
 
-_CITATION_KEYS = frozenset(CITATION_FIELDS)
+_RECORD_KEYS, _CITATION_KEYS = frozenset(RECORD_FIELDS), frozenset(CITATION_FIELDS)
+
+
+def _cached_time(value, line, field, times):
+    instant = times.get(value) if type(value) is str else None
+    return _time_field(value, line, field, RECORDS, times) if instant is None else instant
 
 
 def check_record(record, line, times):
-    """Validate one parsed record -> (record_id, date_last_ns). `times` caches parsed dates."""
+    """Validate one parsed record -> (record_id, date_last_ns). `times` caches parsed dates.
+
+    Each check has a fast path for the valid case; the helpers it falls back to
+    raise the specific message, so a failure names its field exactly.
+    """
     if type(record) is not dict:
         raise PackError("must be a JSON object", RECORDS, line)
-    for field in RECORD_FIELDS:
-        if field not in record:
-            raise PackError("is missing", RECORDS, line, field)
+    for field in record.keys() - _RECORD_KEYS:      # only metadata can nest; the known fields are flat
+        try:
+            _check_value(record[field], 2)
+        except ValueError as e:
+            raise PackError("is not strict JSON: %s" % e, RECORDS, line) from None
+    if not _RECORD_KEYS <= record.keys():
+        raise PackError("is missing", RECORDS, line, [f for f in RECORD_FIELDS if f not in record][0])
     record_id = record["record_id"]
     if type(record_id) is not str or not RECORD_ID.fullmatch(record_id):
         raise PackError("must be M- followed by 1-127 letters, digits, _ or -", RECORDS, line, "record_id")
@@ -685,40 +699,44 @@ def check_record(record, line, times):
         raise PackError('must be "user" or "agent"', RECORDS, line, "role")
     for field in ("speaker", "statement", "topic", "category"):
         _text_field(record[field], line, field)
-    first = _time_field(record["date_first_utc"], line, "date_first_utc", RECORDS, times)
-    last = _time_field(record["date_last_utc"], line, "date_last_utc", RECORDS, times)
+    first = _cached_time(record["date_first_utc"], line, "date_first_utc", times)
+    last = _cached_time(record["date_last_utc"], line, "date_last_utc", times)
     if first > last:
         raise PackError("is after date_last_utc", RECORDS, line, "date_first_utc")
     evidence = record["evidence"]
     if type(evidence) is not list or not evidence:
         raise PackError("must be a non-empty list of citations", RECORDS, line, "evidence")
     for k, citation in enumerate(evidence):
-        at = "evidence[%d]." % k
-        if type(citation) is not dict:
-            raise PackError("must be an object", RECORDS, line, at[:-1])
-        if citation.keys() != _CITATION_KEYS:
-            for field in CITATION_FIELDS:
-                if field not in citation:
-                    raise PackError("is missing", RECORDS, line, at + field)
-            field = sorted(set(citation) - _CITATION_KEYS)[0]
-            raise PackError("is not a citation field", RECORDS, line, at + field)
-        _int_field(citation["message_id"], line, at + "message_id", 1)
-        when = _time_field(citation["date_utc"], line, at + "date_utc", RECORDS, times)
+        if type(citation) is not dict or citation.keys() != _CITATION_KEYS:
+            _citation_shape(citation, line, "evidence[%d]" % k)
+        message_id, quote, start, end = citation["message_id"], citation["quote"], citation["start"], citation["end"]
+        if type(message_id) is not int or message_id < 1:
+            _int_field(message_id, line, "evidence[%d].message_id" % k, 1)
+        when = _cached_time(citation["date_utc"], line, "evidence[%d].date_utc" % k, times)
         if not first <= when <= last:
             raise PackError("must lie between the record's date_first_utc and date_last_utc",
-                            RECORDS, line, at + "date_utc")
-        quote = citation["quote"]
+                            RECORDS, line, "evidence[%d].date_utc" % k)
         if type(quote) is not str or not quote:
-            raise PackError("must be a non-empty string", RECORDS, line, at + "quote")
-        start = _int_field(citation["start"], line, at + "start", 0)
-        end = _int_field(citation["end"], line, at + "end", 0)
+            raise PackError("must be a non-empty string", RECORDS, line, "evidence[%d].quote" % k)
+        if type(start) is not int or type(end) is not int or start < 0 or end < 0:
+            _int_field(start, line, "evidence[%d].start" % k, 0)
+            _int_field(end, line, "evidence[%d].end" % k, 0)
         if end - start != len(quote):
             raise PackError("end - start is %d, but the quote is %d code points long" % (end - start, len(quote)),
-                            RECORDS, line, at + "end")
+                            RECORDS, line, "evidence[%d].end" % k)
         digest = citation["message_sha256"]
         if type(digest) is not str or not SHA256_HEX.fullmatch(digest):
-            raise PackError("must be 64 lowercase hex characters", RECORDS, line, at + "message_sha256")
+            raise PackError("must be 64 lowercase hex characters", RECORDS, line, "evidence[%d].message_sha256" % k)
     return record_id, last
+
+
+def _citation_shape(citation, line, at):
+    if type(citation) is not dict:
+        raise PackError("must be an object", RECORDS, line, at)
+    for field in CITATION_FIELDS:
+        if field not in citation:
+            raise PackError("is missing", RECORDS, line, at + "." + field)
+    raise PackError("is not a citation field", RECORDS, line, at + "." + sorted(set(citation) - _CITATION_KEYS)[0])
 
 
 def parse_records(data):
@@ -742,12 +760,12 @@ def parse_records(data):
         if number > MAX_RECORDS:
             raise PackError("has more than %d records" % MAX_RECORDS, RECORDS, number)
         raw = data[start:end]
-        if not raw.strip():
+        if not raw or raw.isspace():
             raise PackError("is blank; one JSON object per line, no blank lines", RECORDS, number)
         if raw.endswith(b"\r"):
             raise PackError("ends with CR; line endings must be LF", RECORDS, number)
         try:
-            record = strict_json_loads(raw.decode("utf-8"))
+            record = strict_json_loads(raw.decode("utf-8"), depth_checked_by_caller=True)
         except UnicodeDecodeError as e:
             raise PackError("is not valid UTF-8 (byte %d)" % (e.start + 1), RECORDS, number) from None
         except ValueError as e:
