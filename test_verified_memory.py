@@ -1021,6 +1021,16 @@ class TestSearchIndexPaths(SearchCase):
         self.assertEqual((matched, best[0][1]), (100, 8193))
 
 
+class TestSearchIndexFailure(TempDirCase):
+    def test_a_failed_index_build_is_a_tool_error_not_a_hang(self):
+        snapshot = self.load(EXAMPLE)
+        snapshot.index = vm.SearchIndex(lambda i: {}["missing"], [0], ["M-1"])     # the build raises KeyError
+        tools = vm.ToolServer(snapshot, lambda: NOW)
+        self.assertEqual(tools.call("verified_memory_search", {"query": "garden"}),
+                         (None, "verified-memory: the search index could not be built (KeyError); restart the server"))
+        self.assertTrue(tools.call("verified_memory_get", {"id": "M-garden-1"})[0]["found"])   # get needs no index
+
+
 class TestSearch(SearchCase):
     def test_example_search_result_shape(self):
         self.tools = vm.ToolServer(self.load(EXAMPLE), lambda: NOW)
