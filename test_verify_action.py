@@ -5,6 +5,7 @@
 """
 import base64
 import decimal
+import errno
 import hashlib
 import hmac
 import http.client
@@ -101,6 +102,10 @@ D_TWO = (D_USER + "diff --git a/src/other.py b/src/other.py\n--- a/src/other.py\
 D_DEEP = "--- a/lib/src/user.py\n+++ b/lib/src/user.py\n@@ -1 +1,2 @@\n x\n+parse_header = 1\n"
 D_CONTEXT = ("--- a/src/user.py\n+++ b/src/user.py\n@@ -1,2 +1,3 @@\n if user.email:\n+    audit()\n     pass\n")
 D_HUNK_DASHES = "--- a/notes.txt\n+++ b/notes.txt\n@@ -1,2 +1,1 @@\n---- old rule\n keep\n"
+D_RATE_RM = "--- a/src/user.py\n+++ b/src/user.py\n@@ -1,2 +1,2 @@\n-rate_limit = 5\n+x = 1\n keep\n"
+D_DEBUG_ADD = "--- a/config.py\n+++ b/config.py\n@@ -1,2 +1,2 @@\n-old = 0\n+debug_flag = True\n keep\n"
+D_ONE_LINE = "--- a/old_api.py\n+++ b/old_api.py\n@@ -1,2 +1,1 @@\n-def legacy(): pass\n keep\n"
+D_AUTH = "--- a/app.py\n+++ b/app.py\n@@ -1,2 +1,1 @@\n-auth_check()\n keep\n"
 
 SERVICE = va.Service(va.KeyRing.generate())
 
@@ -115,7 +120,8 @@ def judge(claim, evidence, kind=None):
 
 PATHOLOGICAL = ["a." * 4000, "a" * 8192, ("a" * 60 + "@") * 130, "a@" * 4000, "1" * 8192, "_a" * 4096,
                 "`" + "a." * 4000 + "`", "aA" * 4096, ("x" * 50 + ".") * 160, "#1 " * 2730, "/a" * 4096,
-                "id=1 " * 1638, "http://" + "a." * 4000, "status: " * 1000, "a=" * 4096]
+                "id=1 " * 1638, "http://" + "a." * 4000, "status: " * 1000, "a=" * 4096, "did not delete " * 540,
+                "removed the file a.py " * 370, "user 1 " * 1170, "https://h.com/customers/1 " * 315]
 
 
 def pathological_evidence(claim):
@@ -126,6 +132,34 @@ def pathological_evidence(claim):
             {"request": claim, "response_status": 200, "response_body": claim},
             {"request": {"to": claim}, "response_status": 500, "response_body": "{" * 31},
             {"x": claim, "y": [claim] * 20}]
+
+
+def big_bodies():
+    """The review's slow inputs (finding 2) and their kin: whole /verify bodies within the 1 MiB limit."""
+    def fill(head, unit, tail):  # as many units as fit
+        return (head + unit * ((va.MAX_BODY - len(head) - len(tail)) // len(unit)) + tail).encode()
+    urls = " ".join("http://%x/c" % i for i in range(600))  # 600 claimed URLs within the 8192-character claim
+    return [("sql: 'id IN (' x 9300, no ')'", json.dumps({"claim": "Deleted user 5", "evidence": {
+                "affected_rows": 1, "operation": ("DELETE FROM t WHERE " + "id IN (" * 9300)[:65536]}}).encode()),
+            ("api_call: 600 claimed x 70k request URLs", json.dumps({"claim": "Posted to " + urls, "evidence": {
+                "response_status": 200, "request": " ".join("http://%x" % i for i in range(70000))}}).encode()),
+            ("api_call: 600 claimed x 55k URLs in a url list", json.dumps({"claim": "Posted to " + urls, "evidence": {
+                "response_status": 200, "request": {"url": ["http://h%d/p" % i for i in range(55000)]}}}).encode()),
+            ("generic: 32 stated keys x 60k members", json.dumps({"claim": " ".join("k%d is w" % i for i in range(32)),
+                                                                 "evidence": {"k%d" % i: "v" for i in range(60000)}}).encode()),
+            ("depth-29 nests", fill('{"claim": "x", "evidence": {"a": [', "[" * 28 + "]" * 28 + ",", "[]]}}")),
+            ("runs of 299 digits", fill('{"claim": "x", "evidence": {"a": [', "9" * 299 + ",", "1]}}")),
+            ("runs of 15 digits", fill('{"claim": "x", "evidence": {"a": [', "9" * 15 + ",", "1]}}")),
+            ("120k small objects", fill('{"claim": "status is ok", "evidence": {"a": [', '{"a":[{"b":[1]}]},', "1]}}")),
+            ("200k short strings", fill('{"claim": "x", "evidence": {"a": [', '"ab",', '"x"]}}'))]
+
+
+def parse_judge_sign(body):
+    """What the service does with a body: strict parse, validation, rules, receipt (a refusal is an answer too)."""
+    try:
+        return SERVICE.verify(va.validate_request(va.strict_loads(body)))["aar_verdict"]
+    except va.RequestError as e:
+        return e.code
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,7 +257,21 @@ class StrictJson(unittest.TestCase):
     def test_accepts_valid_pairs_and_numbers(self):
         self.assertEqual(va.strict_loads('{"a": "\\ud83d\\ude00", "b": 1.5e300, "c": -0}'.encode()),
                          {"a": "\U0001f600", "b": 1.5e300, "c": 0})
-        self.assertEqual(va.strict_loads(("9" * 300).encode()), int("9" * 300))
+        self.assertEqual(va.strict_loads(b"[9007199254740991, -9007199254740991, 1e300]"), [2 ** 53 - 1, 1 - 2 ** 53, 1e300])
+        self.assertEqual(va.strict_loads(b'{"a": ":", "b": "\\u003a"}'), {"a": ":", "b": ":"})  # colons in strings
+
+    def test_4_integers_beyond_2_53_are_refused(self):
+        # I-JSON: as doubles 10000000000000001 and 10000000000000000 would hash alike in a receipt
+        for raw in (b"9007199254740992", b"-9007199254740992", b'{"amount_cents": 10000000000000001}',
+                    b'{"a": [1, {"account": 12345678901234567}]}', ("9" * 300).encode(), ("1" * 5000).encode()):
+            self.assertIn("2^53", self.refused(raw))
+        self.assertEqual(va.strict_loads(b'{"s": "12345678901234567", "f": 12345678901234567.0}'),
+                         {"s": "12345678901234567", "f": 12345678901234567.0})  # strings and floats are not integers
+
+    def test_duplicate_keys_at_any_depth(self):
+        for raw in (b'{"a": 1, "a": 1}', b'{"x": [{"b": 1, "c": 2, "b": 3}]}', b'{"a\\u003a": 1, "a:": 2}',
+                    b'{"k": "\\u00e9", "k": 1}'):
+            self.assertIn("duplicate", self.refused(raw))
 
 
 class Validation(unittest.TestCase):
@@ -284,6 +332,15 @@ CODE_DIFF = [
     ("Removed the old rule from notes.txt", D_HUNK_DASHES, V, ["path_in_diff", "action_matches_lines"]),
     ("Added `user.email` validation", "", I, ["diff_no_changes"]),
     ("Refactored everything", D_USER, I, ["action_matches_lines"]),
+    # review findings 6 and 7: the direction of the lines and negation
+    ("Added `rate_limit` in src/user.py", D_RATE_RM, I, ["identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Removed `rate_limit` from src/user.py", D_RATE_RM, V, ["identifier_in_changed_lines", "action_matches_lines"]),
+    ("Removed `debug_flag` from config.py", D_DEBUG_ADD, I, ["identifier_not_in_changed_lines"]),
+    ("Removed old_api.py", D_ONE_LINE, I, ["file_not_deleted", "action_matches_lines"]),
+    ("Removed old_api.py", D_DELETE, V, ["file_deleted"]),
+    ("Did not remove `auth_check` from app.py", D_AUTH, I, ["claim_negated"]),
+    ("Never removed `auth_check` from app.py", D_USER, C, ["path_not_in_diff", "claim_negated"]),
+    ("Removed `auth_check` from app.py", D_AUTH, V, ["identifier_in_changed_lines", "action_matches_lines"]),
 ]
 DB_OP = [
     ("Deleted 10 stale sessions", {"before_count": 110, "after_count": 100, "affected_rows": 10,
@@ -313,8 +370,24 @@ DB_OP = [
     ("Deleted 3 rows", {"before_count": 10, "after_count": 12}, C, ["row_delta_mismatch", "count_mismatch"]),
     ("Updated the rows", {"before_count": 5, "after_count": 6, "operation": "UPDATE t SET a = 1"}, I, ["row_delta_mismatch"]),
     ("Upserted and updated user 5", {"affected_rows": 1, "operation": "INSERT INTO u VALUES (5) ON CONFLICT (id) DO UPDATE SET a = 1"},
-     I, ["no_signal"]),
+     I, ["sql_identifier_unchecked"]),  # was no_signal: a claimed id the SQL does not compare is no longer ignored
     ("Archived old rows", {"affected_rows": 2, "operation": "DELETE FROM t"}, I, ["no_signal"]),
+    # review findings 7, 8 and 11: negation, OR / negated / several statements, and nouns that are not ids
+    ("Did not delete any rows", {"before_count": 5, "after_count": 4, "affected_rows": 1,
+                                 "operation": "DELETE FROM t WHERE id = 3"}, I, ["claim_negated"]),
+    ("Deleted user 12345", {"before_count": 600, "after_count": 100, "affected_rows": 500,
+                            "operation": "DELETE FROM users WHERE id = 12345 OR 1=1"}, I, ["sql_identifier_unchecked"]),
+    ("Deleted user 12345", {"before_count": 600, "after_count": 100, "affected_rows": 500,
+                            "operation": "DELETE FROM users WHERE id <> 12345"}, I, ["sql_identifier_unchecked"]),
+    ("Deleted user 12345", {"before_count": 600, "after_count": 100, "affected_rows": 500,
+                            "operation": "DELETE FROM users WHERE id NOT IN (12345)"}, I, ["sql_identifier_unchecked"]),
+    ("Deleted user 12345", {"before_count": 600, "after_count": 599, "affected_rows": 1,
+                            "operation": "DELETE FROM users WHERE id = 12345; DELETE FROM users"}, I,
+     ["sql_multiple_statements", "sql_identifier_matches"]),
+    ("Deleted user 12345", {"before_count": 600, "after_count": 599, "affected_rows": 1,
+                            "operation": "DELETE FROM users WHERE name = 'x'"}, I, ["sql_identifier_unchecked"]),
+    ("Deleted rows for tenant 7 across 3 tables", {"affected_rows": 30, "operation": "DELETE FROM t WHERE tenant_id = 7"},
+     V, ["sql_identifier_matches"]),
 ]
 FILE_OP = [
     ("Created report.txt with 120 lines", {"path": "/tmp/report.txt", "exists_before": False, "exists_after": True,
@@ -344,6 +417,19 @@ FILE_OP = [
     ("Created and deleted temp.txt", {"path": "temp.txt", "exists_before": False, "exists_after": False}, I, ["conflicting_verbs"]),
     ("Removed the cache", {"path": "/var/cache/x", "exists_before": True, "exists_after": False}, I, ["existence_matches"]),
     ("Created Makefile", {"path": "/repo/Makefile", "exists_before": False, "exists_after": True}, V, ["path_matches"]),
+    # review findings 7, 9 and 11: negation, unrecognised names, rename direction, counts that are changes
+    ("Wrote 120 lines to Makefile", {"path": "/repo/README", "exists_before": False, "exists_after": True,
+                                     "line_count": 120}, I, ["path_not_named", "line_count_matches"]),
+    ("Wrote 120 lines to .bashrc", {"path": "/repo/README", "exists_before": False, "exists_after": True,
+                                    "line_count": 120}, I, ["path_not_named"]),
+    ("Renamed b.txt to a.txt", {"path": "a.txt", "new_path": "b.txt", "exists_before": True, "exists_after": True},
+     C, ["path_mismatch"]),
+    ("Did not delete a.txt", {"path": "a.txt", "exists_before": True, "exists_after": False}, I, ["claim_negated"]),
+    ("Did not delete a.txt", {"path": "a.txt", "exists_before": True, "exists_after": True}, I, ["claim_negated"]),
+    ("Removed 3 lines from config.yml", {"path": "config.yml", "exists_before": True, "exists_after": True,
+                                         "line_count": 40}, V, ["existence_matches", "path_matches"]),
+    ("Appended 5 lines to log.txt", {"path": "log.txt", "exists_before": True, "exists_after": True,
+                                     "line_count": 105}, V, ["existence_matches"]),
 ]
 API_CALL = [
     ("Sent the welcome email to bob@example.com", {"request": {"to": "bob@example.com"}, "response_status": 200,
@@ -374,6 +460,20 @@ API_CALL = [
     ("Charged customer 77", {"request": {"url": "https://api.example.com/customers/78/charges"}, "response_status": 200},
      C, ["target_mismatch"]),
     ("Pinged the health endpoint", {"request": {}, "response_status": 200}, I, ["no_signal"]),
+    # review findings 5 and 11: targets come from the request's target fields, ids from id-like keys only
+    ("Refunded customer 77 successfully", {"request": {"url": "https://api.x.com/customers/78/refunds", "amount": 77},
+                                           "response_status": 200, "response_body": {"ok": True}}, C, ["target_mismatch"]),
+    ("Refunded customer 78 successfully", {"request": {"url": "https://api.x.com/customers/78/refunds", "amount": 77},
+                                           "response_status": 200, "response_body": {"ok": True}}, V, ["target_matches"]),
+    ("Posted to https://good.com/a successfully", {"request": {"url": "https://evil.com/a", "ref": "https://good.com/a"},
+                                                   "response_status": 200, "response_body": {"ok": True}}, C,
+     ["target_mismatch"]),
+    ("Sent the email to bob@x.com", {"request": {"to": "Eve <eve@x.com>", "reply_to": "bob@x.com"}, "response_status": 200,
+                                     "response_body": {"ok": True}}, C, ["target_mismatch"]),
+    ("Sent the email to eve@x.com", {"request": {"to": "Eve <eve@x.com>", "reply_to": "bob@x.com"}, "response_status": 200,
+                                     "response_body": {"ok": True}}, V, ["target_matches"]),
+    ("Sent 3 emails in batch 7", {"request": {"batch_id": 7, "count": 3}, "response_status": 200}, V, ["target_matches"]),
+    ("Opened ticket #42", {"request": {"priority": 2}, "response_status": 200}, I, ["target_not_in_request"]),
 ]
 GENERIC = [
     ("Deployed version 2", {"deploy": "ok", "env": "prod"}, I, ["no_signal"]),
@@ -391,6 +491,12 @@ GENERIC = [
     ("Mailed alice@example.com, bob@example.com and carol@example.com",
      {"log": "to alice@example.com; to bob@example.com; to carol@example.com."}, V, ["entities_match"]),
     ("true null false 2", {"a": [True, None, False]}, I, []),
+    # review finding 10: repeated statements count once; small numbers are not entities; a failed status
+    ("status is ok; status was ok", {"status": "ok"}, I, ["explicit_value_match"]),
+    ("Backup of 3 databases completed in 2 minutes with 0 errors",
+     {"status": "failed", "databases": 3, "minutes": 2, "errors": 0}, I, ["evidence_reports_failure"]),
+    ("Backup failed after 3 databases", {"status": "failed", "databases": 3}, I, []),
+    ("The backup did not finish", {"status": "done"}, I, ["claim_negated"]),
 ]
 
 
@@ -438,6 +544,8 @@ class Rules(unittest.TestCase):
         self.assertEqual(d({"response_body": {}}), "api_call")
         self.assertEqual(d({"anything": 1}), "generic")
         self.assertEqual(d({"diff": ""}, "DB_OP"), "db_op")
+        self.assertEqual(d({"diff": None, "affected_rows": 1}), "db_op")  # null is absent, as check_evidence has it
+        self.assertEqual(judge("Deleted 1 row", {"diff": None, "affected_rows": 1}), (I, ["count_matches"]))
         self.assertEqual(judge("Deleted 1 row", {"affected_rows": 1}, "Db_Op")[0], I)
 
     def test_diff_parser(self):
@@ -449,18 +557,34 @@ class Rules(unittest.TestCase):
                                ("old.py", "new.py", "renamed", 0, 0, False),
                                ("logo.png", "logo.png", "modified", 0, 0, True),
                                ("docs/guide.md", "docs/guide.md", "added", 2, 0, False)])
-        self.assertIn("    if user.email is None:", changed)
-        self.assertNotIn(" def save(user):", changed)  # context is not a change
+        self.assertIn("+    if user.email is None:", changed)  # the sign says added or removed
+        self.assertIn("-def legacy():", changed)
+        self.assertFalse([c for c in changed if "def save(user)" in c])  # context is not a change
         files, _ = va.parse_diff(D_PLAIN + D_HUNK_DASHES)
         self.assertEqual([(f["new"], f["added"], f["removed"]) for f in files], [("app/config.py", 1, 0), ("notes.txt", 0, 1)])
 
     def test_sql_facts(self):
-        self.assertEqual(va.sql_facts("DELETE FROM s WHERE d < '2024-01-01' AND note = 'id = 5'"), ("delete", set()))
-        self.assertEqual(va.sql_facts("update t set a=1 where t.user_id=42 or 43 = id"), ("update", {"42", "43"}))
-        self.assertEqual(va.sql_facts("/* x */ INSERT INTO t (id) VALUES (7)"), ("insert", set()))
-        self.assertEqual(va.sql_facts("REPLACE INTO t VALUES (1)")[0], "merge")
-        self.assertEqual(va.sql_facts("CREATE TABLE t (id int)")[0], None)
-        self.assertEqual(va.sql_facts("SELECT 1; DELETE FROM t WHERE id = 1"), ("read", set()))
+        f = va.sql_facts
+        self.assertEqual(f("DELETE FROM s WHERE d < '2024-01-01' AND note = 'id = 5'"), ("delete", set(), False, False))
+        self.assertEqual(f("update t set a=1 where t.user_id=42 or 43 = id"), ("update", {"42", "43"}, True, False))
+        self.assertEqual(f("/* x */ INSERT INTO t (id) VALUES (7)"), ("insert", set(), False, False))
+        self.assertEqual(f("REPLACE INTO t VALUES (1)")[0], "merge")
+        self.assertEqual(f("CREATE TABLE t (id int)")[0], None)
+        self.assertEqual(f("SELECT 1; DELETE FROM t WHERE id = 1"), ("read", set(), False, True))
+        self.assertEqual(f("DELETE FROM t WHERE id = 1;  ;"), ("delete", {"1"}, False, False))  # empty statements
+        self.assertEqual(f("DELETE FROM t WHERE id IN (1, 2) AND deleted_at IS NOT NULL"), ("delete", {"1", "2"}, False, False))
+        for sql in ("DELETE FROM t WHERE id <> 5", "DELETE FROM t WHERE id != 5", "DELETE FROM t WHERE id NOT IN (5)",
+                    "DELETE FROM t WHERE id IN (SELECT id FROM u WHERE x = 5)", "DELETE FROM t WHERE NOT (id = 5)"):
+            self.assertTrue(f(sql)[2], sql)  # broad: the WHERE ids do not bound the rows
+        self.assertEqual(f("DELETE FROM t WHERE id <> 5")[1] | f("DELETE FROM t WHERE id NOT IN (5)")[1], set())
+        self.assertEqual(f("UPDATE t SET flag = NOT flag WHERE id = 5")[1:3], ({"5"}, False))  # NOT before WHERE
+
+    def test_1_sql_in_lists_are_linear(self):
+        op = ("DELETE FROM t WHERE " + "id IN (" * 9300)[:65536]  # no ')' anywhere: each list used to scan to the end
+        t = time.process_time()
+        verdict, codes = judge("Deleted user 5", {"affected_rows": 1, "operation": op})
+        self.assertLess(time.process_time() - t, 1.0)  # was 9 s
+        self.assertNotEqual(verdict, V)
 
 
 class PeerFailures(unittest.TestCase):
@@ -475,6 +599,14 @@ class PeerFailures(unittest.TestCase):
                 worst = max(worst, time.process_time() - t)
                 self.assertIn(verdict, (V, C, I, U))
         self.assertLess(worst, 1.0)  # the bench reports the real worst case (target < 100 ms)
+
+    def test_2_the_reviews_big_bodies_are_fast(self):
+        for label, body in big_bodies():  # was: 9 s (sql), 1.8 s (URLs), 0.26 s, 0.17 s, 0.15 s (see the bench)
+            self.assertLessEqual(len(body), va.MAX_BODY, label)
+            t = time.process_time()
+            answer = parse_judge_sign(body)
+            self.assertLess(time.process_time() - t, 1.0, label)
+            self.assertIn(answer, (C, I, "invalid_json"), label)
 
     def test_6_reason_codes_and_receipts_carry_no_input(self):
         marker = "zq" + "x" * 10 + "marker"
@@ -534,6 +666,16 @@ class Unsafe(unittest.TestCase):
     def test_missing_fields_ask_for_more(self):
         for ev, kind in (({}, "code_diff"), ({"before_count": 1}, "db_op"), ({"path": "x"}, "file_op"), ({}, "api_call")):
             self.assertEqual(judge("Did it", ev, kind), (I, ["evidence_missing_fields"]))
+
+    def test_13_a_code_outside_the_vocabulary_is_unsafe_with_a_receipt(self):
+        original = va._JUDGES["generic"]
+        va._JUDGES["generic"] = lambda claim, ev: (["no_such_code"], {})  # a misspelt code in a rule
+        try:
+            r = SERVICE.verify({"claim": "x", "evidence": {}})
+        finally:
+            va._JUDGES["generic"] = original
+        self.assertEqual((r["aar_verdict"], r["reason_codes"]), (U, ["verifier_error"]))
+        self.assertTrue(va.verify_receipt(r["receipt"], SERVICE.keyring)[0])
 
     def test_7_a_failing_rule_still_gets_a_signed_unsafe_answer(self):
         original = va._JUDGES["generic"]
@@ -615,6 +757,18 @@ class Receipts(unittest.TestCase):
         new = va.Service(ring).verify({"claim": "x", "evidence": {}})["receipt"]
         self.assertEqual((new["kid"], va.verify_receipt(old, ring)), (k2, (True, "ok", k1)))
         self.assertEqual(va.verify_receipt(old, va.KeyRing.generate()), (False, "unknown_kid", k1))
+
+    def test_13_keygen_appends_to_an_empty_ring_and_never_through_a_symlink(self):
+        for text in (b"", b"# comments only\n"):
+            fd = os.open(self.keyfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.write(fd, text)
+            os.close(fd)
+            kid = va.keygen(self.keyfile)  # before: refused, as an empty ring does not load
+            self.assertEqual(list(va.load_keyring(self.keyfile).keys), [kid])
+        link = os.path.join(self.dir, "link")
+        os.symlink(self.keyfile, link)
+        self.assertRaises(OSError, va.keygen, link)  # O_NOFOLLOW: the file checked is the file written
+        self.assertEqual(len(va.load_keyring(self.keyfile).keys), 1)
 
     def test_keygen_is_0600_atomically_and_refuses_open_files(self):
         mask = os.umask(0)
@@ -903,6 +1057,49 @@ class Http(HttpCase):
         f.close()
         s.close()
 
+    def test_12_http10_keep_alive_empty_lines_and_charsets(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        f = s.makefile("rb")
+        try:  # an HTTP/1.0 client that asks to keep the connection is told so (before: no Connection header)
+            for _ in range(2):
+                s.sendall(b"GET /healthcheck HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                status, headers, _ = read_response(f)
+                self.assertEqual((status, headers.get("connection")), (200, "keep-alive"))
+            s.sendall(b"\r\n\r\nGET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")  # RFC 9112: empty lines first are ignored
+            self.assertEqual(read_response(f)[0], 200)  # before: 400
+        finally:
+            f.close()
+            s.close()
+        self.assertEqual(raw_exchange(self.port, b"GET /healthcheck HTTP/1.0\r\n\r\n")[1]["connection"], "close")
+        good = json.dumps({"claim": "x", "evidence": {}}).encode()
+        for ctype, want in ((b"application/json; charset=latin-1", 415), (b"application/json;charset=\"UTF-8\"", 200),
+                            (b"application/json; charset=utf-16", 415), (b"Application/JSON", 200)):
+            self.assertEqual(raw_exchange(self.port, post_bytes(good, ctype=ctype))[0], want, ctype)
+
+    def test_100_continue(self):
+        body = json.dumps({"claim": "x", "evidence": {}}).encode()
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        f = s.makefile("rb")
+        try:
+            s.sendall(post_bytes(body, extra=b"Expect: 100-continue\r\n")[:-len(body)])
+            self.assertEqual(f.readline(), b"HTTP/1.1 100 Continue\r\n")
+            self.assertEqual(f.readline(), b"\r\n")
+            s.sendall(body)
+            self.assertEqual(read_response(f)[0], 200)
+        finally:
+            f.close()
+            s.close()
+
+    def test_4_integers_beyond_2_53_get_400_and_the_spec_says_so(self):
+        for body in (b'{"claim": "x", "evidence": {}, "caller_context": {"amount_cents": 10000000000000001}}',
+                     b'{"claim": "x", "evidence": {"account": 12345678901234567}}'):
+            self.assertJsonError(*raw_exchange(self.port, post_bytes(body)), want_status=400, code="invalid_json")
+        ok = b'{"claim": "x", "evidence": {"account": 9007199254740991}, "caller_context": {"n": -9007199254740991}}'
+        self.assertEqual(raw_exchange(self.port, post_bytes(ok))[0], 200)
+        spec = json.loads(self.request("GET", "/spec")[2])
+        self.assertIn("I-JSON", spec["receipt"]["canonicalization"])
+        self.assertEqual(spec["limits"]["integer_magnitude_max"], 2 ** 53 - 1)
+
     def test_origin_check(self):
         good = json.dumps({"claim": "x", "evidence": {}})
         self.assertJsonError(*self.request("POST", "/verify", good, dict(JSON, Origin="https://evil.example")),
@@ -1001,21 +1198,125 @@ class HttpMcp(HttpCase):
 
 class PoolAndDeadlines(unittest.TestCase):
     def test_503_when_every_worker_is_busy(self):
+        # (this test used to hold the only worker with a half-sent head; since finding 3 a slow client holds none,
+        # so a slow rule does it here)
         service = va.Service(va.KeyRing.generate())
+        real = service.verify
+        service.verify = lambda request: time.sleep(1.0) or real(request)
         server = va.Server(service, "127.0.0.1", 0, workers=1, read_deadline=1.5, queue_wait=0.3)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
+        body = json.dumps({"claim": "x", "evidence": {}}).encode()
         try:
-            hog = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-            hog.sendall(b"GET /healthcheck HTTP/1.1\r\n")  # holds the only worker until its deadline
+            busy = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            busy.sendall(post_bytes(body))  # holds the only worker for 1 s
             time.sleep(0.1)
-            status, headers, body = raw_exchange(server.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
-            self.assertEqual((status, json.loads(body)["error"]), (503, "service_unavailable"))
-            f = hog.makefile("rb")
-            self.assertEqual(read_response(f)[0], 408)
+            status, headers, raw = raw_exchange(server.port, post_bytes(body))
+            self.assertEqual((status, json.loads(raw)["error"]), (503, "service_unavailable"))
+            f = busy.makefile("rb")
+            self.assertEqual(read_response(f)[0], 200)
             f.close()
-            hog.close()
+            busy.close()
             self.assertEqual(raw_exchange(server.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")[0], 200)
+        finally:
+            server.shutdown()
+            thread.join(5)
+
+    def test_3_slow_clients_never_hold_the_workers(self):
+        server, thread = in_process_server(workers=2, read_deadline=1.0, queue_wait=0.3)
+        drips = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(6)]
+        try:
+            for s in drips:
+                s.sendall(b"P")  # one byte, then nothing: each used to hold a worker until the read deadline
+            time.sleep(0.2)
+            status, _, raw = raw_exchange(server.port, post_bytes(json.dumps({"claim": "x", "evidence": {}}).encode()))
+            self.assertEqual(status, 200, raw)  # before: 503 after queue_wait
+            for s in drips:  # the selector still cuts each one off at the whole-request deadline
+                f = s.makefile("rb")
+                status, _, raw = read_response(f)
+                self.assertEqual((status, json.loads(raw)["error"]), (408, "request_timeout"))
+                f.close()
+        finally:
+            for s in drips:
+                s.close()
+            server.shutdown()
+            thread.join(5)
+
+    def test_3_refusals_never_hold_a_worker(self):
+        server, thread = in_process_server(workers=1, queue_wait=0.3)
+        hog = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        stop = threading.Event()
+
+        def drip():  # the refused client keeps sending its body: the closing connection lingers (in the selector)
+            while not stop.wait(0.05):
+                try:
+                    hog.sendall(b"x")
+                except OSError:
+                    return
+        try:
+            hog.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d"
+                        b"\r\n\r\n" % (va.MAX_BODY + 1) + b"x" * 1000)
+            f = hog.makefile("rb")
+            self.assertEqual(read_response(f)[0], 413)
+            t = threading.Thread(target=drip)
+            t.start()
+            time.sleep(0.1)
+            status, _, raw = raw_exchange(server.port, post_bytes(json.dumps({"claim": "x", "evidence": {}}).encode()))
+            self.assertEqual(status, 200, raw)  # before: 503, the only worker lingered up to 2 s on the refusal
+            f.close()
+        finally:
+            stop.set()
+            hog.close()
+            server.shutdown()
+            thread.join(5)
+
+    def test_12_accept_errors_pause_instead_of_spinning(self):
+        server = va.Server(va.Service(va.KeyRing.generate()), "127.0.0.1", 0)
+        real, calls = server.sock, []
+
+        class OutOfDescriptors(object):  # the listening socket of a process that has run out of descriptors
+            def fileno(self):
+                return real.fileno()
+
+            def accept(self):
+                calls.append(1)
+                raise OSError(errno.EMFILE, "Too many open files")
+        server.sock = OutOfDescriptors()
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=5)  # pending: the listener stays ready
+        try:
+            time.sleep(1.0)
+            self.assertLess(len(calls), 50)  # a spinning selector calls accept() thousands of times a second
+            server.sock = real  # descriptors are back: the pending client is served
+            client.sendall(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
+            f = client.makefile("rb")
+            self.assertEqual(read_response(f)[0], 200)
+            f.close()
+        finally:
+            client.close()
+            server.sock = real
+            server.shutdown()
+            thread.join(5)
+
+    def test_12_origins_default_ports_and_the_wildcard_bind(self):
+        body = json.dumps({"claim": "x", "evidence": {}}).encode()
+        server, thread = in_process_server(origins=["https://ui.example:443", "HTTP://Other.Example:80"])
+        try:
+            for origin, want in (("https://ui.example", 200), ("https://UI.example:443", 200), ("http://other.example", 200),
+                                 ("https://ui.example:8443", 403), ("http://ui.example", 403)):
+                status = raw_exchange(server.port, post_bytes(body, extra=b"Origin: " + origin.encode() + b"\r\n"))[0]
+                self.assertEqual(status, want, origin)  # before: https://x:443 never matched
+        finally:
+            server.shutdown()
+            thread.join(5)
+        server = va.Server(va.Service(va.KeyRing.generate()), "0.0.0.0", 0)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:  # bound to every address: the form on / works from the loopback names too (before: 403)
+            for origin in ("http://127.0.0.1:%d" % server.port, "http://localhost:%d" % server.port):
+                extra = ("Origin: %s\r\n" % origin).encode()
+                self.assertEqual(raw_exchange(server.port, post_bytes(body, extra=extra))[0], 200, origin)
         finally:
             server.shutdown()
             thread.join(5)
@@ -1377,16 +1678,26 @@ def bench(seconds=4.0):
             typical.append(d)
             if d > worst:
                 worst, where = d, "%r... x evidence #%d" % (claim[:12], i)
+    big = []
+    for label, raw in big_bodies():  # the review's slow inputs (finding 2), each a whole body of up to 1 MiB
+        t = time.process_time()
+        answer = parse_judge_sign(raw)
+        d = time.process_time() - t
+        big.append((label, len(raw), d, answer))
+        typical.append(d)
+        if d > worst:
+            worst, where = d, label
     typical.sort()
     t = time.process_time()
     for _ in range(200):
         SERVICE.verify(va.validate_request(va.strict_loads(body)))
     per = (time.process_time() - t) / 200
-    print("\npathological inputs (%d claims x %d evidence shapes, parse + judge + sign, CPU time):"
-          % (len(PATHOLOGICAL), len(pathological_evidence("x"))))
+    print("\npathological inputs (%d claims x %d evidence shapes, and %d big bodies; parse + judge + sign, CPU time):"
+          % (len(PATHOLOGICAL), len(pathological_evidence("x")), len(big)))
+    for label, size, d, answer in big:
+        print("  %-48s %8d bytes %7.1f ms  %s" % (label, size, d * 1000, answer))
     print("  worst %.1f ms (%s), median %.2f ms; target <= 100 ms; ratio worst/bench-body %.0fx (bench body %.3f ms)"
           % (worst * 1000, where, typical[len(typical) // 2] * 1000, worst / per, per * 1000))
-
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bench"]:

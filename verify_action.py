@@ -6,20 +6,16 @@ receipt of what was judged. One file, Python standard library only (CPython 3.9+
   python3 verify_action.py --stdio [--key-file F]                     MCP over stdio
   python3 verify_action.py keygen --key-file F                        create a key ring, or add a key
   python3 verify_action.py verify-receipt FILE --key-file F           check a receipt offline (exit 0/1)
-
-The rules are deterministic and never reach a database, repository or API: a verdict says whether the
-evidence supplied is consistent with the claim. A receipt (HMAC-SHA256 over RFC 8785 canonical JSON)
-proves which service judged which exact request, when, and with what result; never that the claim is true.
+Deterministic rules that fetch nothing judge whether the evidence is consistent with the claim; a receipt (HMAC-SHA256
+over RFC 8785 canonical JSON) proves which service judged which request, when, with what result: never the claim.
 """
-import argparse, base64, collections, hashlib, hmac, html, http, ipaddress, json, os, re, secrets, selectors
-import socket, stat, sys, threading, time, urllib.parse
-
+import argparse, base64, collections, gc, hashlib, hmac, html, http, ipaddress, itertools, json, os, re, secrets
+import selectors, socket, stat, sys, threading, time, urllib.parse
 # ---- §1 Constants, verdicts, reason codes ------------------------------------------------------------------------
-VERSION = "1.0.0"
-SCHEMA = "verify_action_receipt.v0"
+VERSION, SCHEMA = "1.0.0", "verify_action_receipt.v0"
 VERDICTS = ("verified", "contradicted", "insufficient_evidence", "unsafe_to_verify")
-LEGACY = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected")))
-KINDS = ("code_diff", "db_op", "file_op", "api_call", "generic")
+LEGACY, KINDS = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected"))), ("code_diff", "db_op", "file_op",
+                                                                                   "api_call", "generic")
 MAX_CLAIM, MAX_CONTEXT, MAX_DEPTH, MAX_BODY, MAX_CALLER_KEYS, MAX_CALLER_STR = 8192, 8192, 32, 1 << 20, 8, 64
 REQUEST_FIELDS = ("claim", "evidence", "kind", "context", "caller_context")
 BOUNDS = {"diff_chars": 4 << 20, "diff_files": 5000, "operation_chars": 65536, "path_chars": 4096,
@@ -27,34 +23,33 @@ BOUNDS = {"diff_chars": 4 << 20, "diff_files": 5000, "operation_chars": 65536, "
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 PROVES = ("Which service (key id kid) judged which exact request (SHA-256 of the claim, of the evidence and "
           "of the whole request in RFC 8785 canonical form), when, and with what verdict and reason codes.")
-NOT_PROVES = ("That the claim is true. The service never reaches into databases, repositories or APIs; it "
-              "only judges whether the evidence supplied is consistent with the claim, and evidence can be "
-              "fabricated or incomplete.")
-# Every reason code: (kind, signal, meaning). Signals: + positive, - negative, ! critical negative,
-# unsafe (the evidence could not be examined), 0 neutral. The vocabulary is closed: nothing else is emitted.
-REASONS = {
+NOT_PROVES = ("That the claim is true. The service never reaches into databases, repositories or APIs; it only "
+              "judges whether the evidence is consistent with the claim, and evidence can be fabricated or incomplete.")
+REASONS = {  # code: (kind, signal: + - ! (critical) unsafe 0 (neutral), meaning); closed: nothing else is emitted
     "no_signal": ("any", "0", "No rule found anything in the evidence to compare with the claim."),
     "evidence_missing_fields": ("any", "-", "The evidence lacks the fields this kind needs."),
     "evidence_invalid": ("any", "unsafe", "A field this kind reads has the wrong type or shape."),
     "evidence_too_large": ("any", "unsafe", "A field exceeds this kind's bound (see bounds)."),
     "verifier_error": ("any", "unsafe", "A rule failed unexpectedly; nothing was judged."),
     "conflicting_verbs": ("any", "-", "The claim names actions that contradict each other."),
+    "claim_negated": ("any", "-", "The claim negates its action (did not, never, no ... were): never verified."),
     "diff_no_changes": ("code_diff", "-", "The diff contains no file changes."),
     "path_in_diff": ("code_diff", "+", "Every file the claim names is changed in the diff."),
     "path_partly_in_diff": ("code_diff", "-", "Some files the claim names are not in the diff."),
     "path_not_in_diff": ("code_diff", "!", "None of the files the claim names is in the diff."),
-    "identifier_in_changed_lines": ("code_diff", "+", "Every identifier the claim names is in changed lines."),
-    "identifier_not_in_changed_lines": ("code_diff", "-", "An identifier the claim names is in no changed line."),
+    "identifier_in_changed_lines": ("code_diff", "+", "Every named identifier is in the lines the action needs."),
+    "identifier_not_in_changed_lines": ("code_diff", "-", "A named identifier is not there (add: + lines, remove: -)."),
     "content_words_absent": ("code_diff", "-", "No identifier named; no content word (-s -ed -ing ok) is changed."),
     "action_matches_lines": ("code_diff", "+", "Lines moved as claimed in the named files (add, check: added)."),
     "action_mismatch_lines": ("code_diff", "-", "The claimed action does not match the line movement there."),
-    "file_deleted": ("code_diff", "+", "The file the claim says was deleted is deleted in the diff."),
-    "file_not_deleted": ("code_diff", "-", "The claim says a file was deleted but the diff does not delete it."),
+    "file_deleted": ("code_diff", "+", "The file a remove verb names (Removed x.py) is deleted in the diff."),
+    "file_not_deleted": ("code_diff", "-", "A remove verb names a file but the diff does not delete that file."),
     "unnamed_files_changed": ("code_diff", "-", "The diff also changes files the claim does not name."),
     "changes_mostly_elsewhere": ("code_diff", "!", "Most changed lines are in files the claim does not name."),
     "sql_kind_matches": ("db_op", "+", "The SQL statement's kind matches the claimed action."),
     "sql_kind_mismatch": ("db_op", "-", "The SQL statement's kind differs from the claimed action."),
     "sql_kind_conflicts": ("db_op", "!", "A write is claimed but the SQL statement is a SELECT."),
+    "sql_multiple_statements": ("db_op", "-", "The operation holds more than one statement; only the first is judged."),
     "row_delta_matches": ("db_op", "+", "The sign of after_count - before_count fits the claimed action."),
     "row_delta_mismatch": ("db_op", "-", "The sign of after_count - before_count does not fit the claimed action."),
     "affected_rows_consistent": ("db_op", "+", "affected_rows fits the claimed action and the row delta."),
@@ -64,11 +59,13 @@ REASONS = {
     "count_mismatch": ("db_op", "!", "The count in the claim differs from affected_rows and the row delta."),
     "sql_identifier_matches": ("db_op", "+", "Claimed ids (id=N, id N, #N, user N) are in WHERE id comparisons."),
     "sql_identifier_mismatch": ("db_op", "!", "An identifier the claim names is not in the SQL's WHERE comparisons."),
+    "sql_identifier_unchecked": ("db_op", "-", "The SQL pins no claimed id: no id = N, IN (N); or OR, NOT, <>, !=."),
     "existence_matches": ("file_op", "+", "exists_before and exists_after fit the claimed action."),
     "start_state_mismatch": ("file_op", "-", "exists_before does not fit the claimed action."),
     "end_state_mismatch": ("file_op", "!", "exists_after contradicts the claimed action."),
     "path_matches": ("file_op", "+", "Every path the claim names is path (or new_path)."),
-    "path_mismatch": ("file_op", "!", "A path the claim names differs from path and new_path."),
+    "path_mismatch": ("file_op", "!", "A named path is neither path nor new_path, or a rename names them reversed."),
+    "path_not_named": ("file_op", "-", "The claim names no file that is path or new_path: the target is unconfirmed."),
     "new_path_missing": ("file_op", "-", "A rename or move is claimed but the evidence has no new_path."),
     "line_count_matches": ("file_op", "+", "The claimed line count equals line_count."),
     "line_count_off": ("file_op", "-", "The claimed line count is near line_count but not equal."),
@@ -82,20 +79,20 @@ REASONS = {
     "body_matches_claim": ("api_call", "+", "The response body's outcome fits the claimed success or failure."),
     "body_failure": ("api_call", "!", "Success is claimed but the response body reports a failure."),
     "body_contradicts_failure_claim": ("api_call", "-", "Failure is claimed but the response body reports success."),
-    "target_matches": ("api_call", "+", "Every target the claim names (email, URL, ID) is in the request."),
-    "target_mismatch": ("api_call", "!", "The request names a different email, URL host or path, or ID."),
-    "target_not_in_request": ("api_call", "-", "A target the claim names is not in the request."),
-    "entities_match": ("generic", "+", "One of >= 3 distinct claimed numbers, URLs, emails, identifiers found."),
-    "explicit_value_match": ("generic", "+", "A value the claim states for a key (KEY is VALUE) equals the evidence."),
+    "target_matches": ("api_call", "+", "Every email, URL, ID the claim names is in the request's target fields."),
+    "target_mismatch": ("api_call", "!", "A target field (to, url, path, NAME_id, /noun/N) names a different one."),
+    "target_not_in_request": ("api_call", "-", "The request has no target field of the kind the claim names."),
+    "entities_match": ("generic", "+", "One of >= 3 distinct claimed numbers >= 10, URLs, emails, identifiers found."),
+    "explicit_value_match": ("generic", "+", "The value the claim states for a key (KEY is VALUE) equals evidence's."),
     "explicit_value_conflict": ("generic", "!", "A value the claim states for a key differs from the evidence's."),
+    "evidence_reports_failure": ("generic", "-", "A status, state, result or outcome key holds a failure word."),
 }
 _SIGNAL_NAMES = {"+": "positive", "-": "negative", "!": "critical", "unsafe": "unsafe", "0": "neutral"}
 DECISION = ("any unsafe code -> unsafe_to_verify; any critical -> contradicted; no negatives and >= 2 positives "
             "-> verified; >= 2 negatives and no positives -> contradicted; otherwise insufficient_evidence.")
 CONFIDENCE = ("confidence in the stated verdict: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted 0.9 with a "
               "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0.")
-def decide(codes):
-    """Apply the fixed decision rule to a list of reason codes (repeats count); return (verdict, confidence)."""
+def decide(codes):  # the fixed rule over codes (repeats count): (verdict, confidence)
     signals = [REASONS[c][1] for c in codes]
     pos, neg = signals.count("+"), signals.count("-")
     if "unsafe" in signals: return "unsafe_to_verify", 0.0
@@ -103,13 +100,11 @@ def decide(codes):
     if not neg and pos >= 2: return "verified", round(min(0.95, 0.6 + 0.1 * (pos - 2)), 3)
     if neg >= 2 and not pos: return "contradicted", round(min(0.9, 0.6 + 0.1 * (neg - 2)), 3)
     return "insufficient_evidence", 0.5
-
 # ---- §2 Canonical JSON (RFC 8785) and hashing --------------------------------------------------------------------
 _encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
 _sha = lambda data: "sha256:" + hashlib.sha256(data).hexdigest()
 _b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-def _es_number(x):
-    """A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires."""
+def _es_number(x):  # a number in ECMAScript Number.prototype.toString form, as RFC 8785 requires
     if isinstance(x, int) and -2 ** 53 < x < 2 ** 53: return str(x)
     f = float(x)
     if f != f or f in (float("inf"), float("-inf")): raise ValueError("NaN and Infinity have no canonical JSON form")
@@ -132,14 +127,22 @@ def _jcs(v):
     if not isinstance(v, dict): raise TypeError("not a JSON value: %s" % type(v).__name__)
     keys = sorted(v, key=lambda k: k.encode("utf-16-be"))  # UTF-16 code unit order
     return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in keys) + "}"
+_NOT_PLAIN = re.compile(r"[0-9][.eE]|(?<![0-9])[0-9]{16}")  # outside strings: a float, or a 16-digit integer
+_BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
+_SORTED = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"),
+                           check_circular=False)
 def canonical_json(value):
-    """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes."""
-    return _jcs(value).encode("utf-8")
-
+    """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes (json.dumps in C when exact)."""
+    text = _SORTED.encode(value)
+    if len(text) < 4096 or _NOT_PLAIN.search(text) and _NOT_PLAIN.search(_JSON_STRING.sub("", text)) or (
+            _BMP_HIGH.search(text) and _ASTRAL.search(text)):
+        text = _jcs(value)
+    return text.encode("utf-8")
 # ---- §3 Rules per kind (pure). Inputs are tokenised once with single-class patterns and judged with set ----------
 # look-ups and str methods: time is linear; no pattern has nested or adjacent overlapping quantifiers.
 _TOKEN = re.compile(r"[^\s`'\"();<>\[\]{}|]+")
 _CODE_TOKEN, _ALPHA = re.compile(r"[A-Za-z0-9_.]+"), re.compile(r"[a-z]+")
+_URLS = re.compile(r"(?i)\bhttps?://([^/?#\s\"'<>]*)(/[^?#\s\"'<>]*)?")  # netloc, then a path: classes never overlap
 _CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")  # camelCase and CAPS split; backtracks one char at most
 _SQL_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*|[0-9]+|<>|!=|<=|>=|\S")
 _SQL_SKIP = re.compile(r"['\"`]|--|/\*")
@@ -153,13 +156,14 @@ _STOP = frozenset("""a an the and or but if then than that this these those with
     before about above below between through during again now new old file files code line lines function functions
     method methods class classes module modules test tests value values variable variables logic handling support
     issue issues bug bugs case cases call calls return returns using used use make made sure properly correctly
-    correct small minor simple basic proper instead within""".split())
+    correct small minor simple basic proper instead within across onto among until since around against toward
+    towards upon beyond inside outside past near along amid except unlike versus""".split())
 _NOT_ID = frozenset("""version versions step steps phase page pages port attempt attempts retry retries level day
     days hour hours minute minutes second seconds week weeks month months year years http https status code codes
     error errors times item items row rows record records percent top""".split())
-_NEGATION = frozenset("not never no didn wasn isn couldn cannot weren hasn haven".split())
-def _verbs(**classes):
-    """word -> class: each base word, then its -s -es -d -ed -ing -ied -ies forms (extra non-words are harmless)."""
+_NOT = frozenset("not never didn wasn isn couldn cannot weren hasn haven doesn don won unable".split())
+_NEGATION = _NOT | frozenset("no nothing none neither nor without failed".split())  # before a verb: 'no rows were'
+def _verbs(**classes):  # word -> class: base words and their -s -es -d -ed -ing -ied -ies forms
     table = {w: cls for cls, words in classes.items() for w in words.split()}
     return dict({f: c for w, c in table.items() for f in (w + "s", w + "es", w + "d", w + "ed", w + "ing",
                                                           w[:-1] + "ied", w[:-1] + "ies")}, **table)
@@ -180,26 +184,23 @@ _OK_WORDS = frozenset("sent delivered posted created succeeded ok success succes
 _FAIL_WORDS = frozenset("failed fail fails failure error errored rejected bounced denied unsuccessful unable".split())
 _STATUS_OK = frozenset("ok success succeeded successful sent delivered accepted created completed done".split())
 _STATUS_FAIL = frozenset("error failed failure fail rejected bounced denied invalid".split())
+_STATUS_KEYS, _ARTICLES = frozenset("status state result outcome conclusion".split()), ("the", "a", "an", "file")
+_NOT_NOUN = _STOP | _NOT_ID | _ALL_VERBS | _OK_WORDS | _FAIL_WORDS | _STATUS_OK  # never the noun of 'user 5'
 _SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10 ** 6, "mib": 1 << 20, "gb": 10 ** 9,
                "gib": 1 << 30}
 _EMAIL_LOCAL = {ord(c): "a" for c in "._+-%"}  # characters allowed in an email's local part besides letters, digits
 _strip = lambda t: t.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
 _digits = lambda s: s.isascii() and s.isdigit()
-def _tokens(text):
-    """Text split once into tokens, sentence punctuation trimmed from their ends."""
-    return [t for t in map(_strip, _TOKEN.findall(text)) if t]
-def _variants(word):
-    """The word, and the word less one of the suffixes -s, -es, -ed, -ing (the only inflections allowed)."""
-    return [word] + [word[:-len(s)] for s in ("ing", "ed", "es", "s") if word.endswith(s) and len(word) - len(s) >= 3]
-def _number(tok):
-    """A plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None."""
+_tokens = lambda text: [t for t in map(_strip, _TOKEN.findall(text)) if t]  # split once, punctuation trimmed
+_variants = lambda w: [w] + [w[:-len(s)] for s in ("ing", "ed", "es", "s") if w.endswith(s) and len(w) - len(s) >= 3]
+_words = lambda text: ((toks := _tokens(text)), [t.lower() for t in toks])  # (tokens, the same lower-cased)
+def _number(tok):  # a plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None
     parts = tok.split(",") if len(tok) <= 24 else ["x"]
     if len(parts) > 1 and not (1 <= len(parts[0]) <= 3 and all(len(p) == 3 for p in parts[1:])): return None
     ip, dot, fp = "".join(parts).partition(".")
     if not _digits(ip) or (dot and not _digits(fp)): return None
     return float(ip + "." + fp) if dot else int(ip)
-def _identifier(tok, explicit=False):
-    """A code identifier (dotted, snake_case, camelCase; any word when backticked), else None."""
+def _identifier(tok, explicit=False):  # a dotted, snake_case or camelCase identifier (any word backticked), else None
     parts = tok.split(".")
     if not all(p and p.isascii() and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts):
         return None
@@ -211,41 +212,40 @@ def _email(tok):
     ok = (at and local and "." in domain.strip(".") and not domain.startswith(".") and not domain.endswith(".")
           and domain.replace(".", "a").replace("-", "a").isalnum() and local.translate(_EMAIL_LOCAL).isalnum())
     return tok.lower() if ok else None
-def _url(tok):
-    """(host, path without trailing '/') of an http(s) URL token, else None."""
-    if not tok.lower().startswith(("http://", "https://")): return None
-    try:
-        parts = urllib.parse.urlsplit(tok)
-        return (parts.hostname, parts.path.rstrip("/")) if parts.hostname else None
-    except ValueError: return None
-def _pathish(tok):
-    """A token that names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)."""
+def _host_path(netloc, path):  # (host in lower case, path without a trailing '/'), or None without a host
+    host = netloc.rpartition("@")[2]  # no user info; no port; an IPv6 address without its brackets
+    host = (host[1:host.find("]")] if host[:1] == "[" else host.partition(":")[0]).lower()
+    return (host, path.rstrip("/")) if host else None
+_url = lambda tok: (lambda m: m and _host_path(m.group(1), m.group(2) or ""))(_URLS.match(tok))  # a URL token
+def _pathish(tok):  # a token that names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)
     if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]: return False
     base = tok.rsplit("/", 1)[-1]
     name, dot, ext = base.rpartition(".")
     if dot and ext.lower() in EXTENSIONS and (name or base.startswith(".")) and not _digits(name): return True
     return "/" in tok and bool(base) and (tok.startswith(("/", "./", "~/")) or tok.count("/") >= 2)
-def _suffix_of(claimed, path):
-    """True when claimed equals path or is a whole-component suffix of it (a.py never matches data.py)."""
-    return bool(claimed) and (path == claimed or path.endswith("/" + claimed))
-def _claim_ids(low):
-    """Explicit identifiers: id=N, id N, #N, NAME_id N, and a noun followed by a number (user 12345)."""
+_suffix_of = lambda claimed, path: bool(claimed) and (path == claimed or path.endswith("/" + claimed))  # not data.py
+_singular = lambda n: n[:-3] + "y" if n.endswith("ies") else n[:-1] if n.endswith("s") and n[-2:] != "ss" else n
+def _claim_ids(low):  # explicit ids as (noun, N): id=N, id N, #N, NAME_id N, user 12345
     ids = set()
     for i, t in enumerate(low):
         nxt = low[i + 1] if i + 1 < len(low) else ""
-        if t.startswith("#") and _digits(t[1:]) and len(t) <= 19: ids.add(str(int(t[1:])))
-        elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21: ids.add(str(int(t[3:])))
+        if t.startswith("#") and _digits(t[1:]) and len(t) <= 19: ids.add(("", str(int(t[1:]))))
+        elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21: ids.add(("", str(int(t[3:]))))
         elif _digits(nxt) and len(nxt) <= 18 and (t == "id" or t.endswith("_id") or (
-                t.isalpha() and len(t) >= 3 and t not in _STOP and t not in _NOT_ID and t not in _ALL_VERBS)):
-            ids.add(str(int(nxt)))
+                t.isalpha() and len(t) >= 3 and t not in _NOT_NOUN and not (t.endswith("ed") and len(t) > 4))):
+            ids.add((_singular(t[:-3] if t.endswith("_id") else "" if t == "id" else t), str(int(nxt))))
     return ids
-def _claim_count(low, verbs):
-    """The integer right after an action verb ('deleted 10 sessions', 'removed all 3'), else None."""
+_negated_at = lambda low, i: not _NEGATION.isdisjoint(low[max(0, i - 3):i])  # 'did not delete', 'no rows were'
+def _verb_classes(low, table):  # (classes of the non-negated verbs, whether a verb is negated)
+    found = [(table[w], _negated_at(low, i)) for i, w in enumerate(low) if w in table]
+    return {c for c, negated in found if not negated}, any(negated for _, negated in found)
+# (key, value text) of every member, at any depth, valued a scalar or a flat list in json.dumps text: one C pass
+_MEMBER = re.compile(r'(?<!\\)"([^"\\]{1,64})": ("[^"\\]*(?:\\.[^"\\]*)*"|\[[^\[\]{}]*\]|[^,{}\[\]"]*)')
+def _claim_count(low, verbs):  # the integer right after an action verb ('deleted 10 rows', 'removed all 3')
     for i in (i for i, t in enumerate(low) if t in verbs):
         n = next((_number(w) for w in low[i + 1:i + 4] if w not in ("the", "all", "exactly", "only")), None)
         if isinstance(n, int): return n
-def _head_paths(rest):
-    """(old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes."""
+def _head_paths(rest):  # (old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes
     rest, half = rest.strip(), len(rest.strip()) // 2
     if rest.startswith("a/") and " b/" in rest: return rest[2:rest.find(" b/")], rest[rest.find(" b/") + 3:]
     if len(rest) % 2 == 1 and rest[:half] == rest[half + 1:]: return rest[:half], rest[:half]
@@ -258,11 +258,10 @@ def _unprefix(old, new):
     if (old.startswith("a/") or old == "/dev/null") and (new.startswith("b/") or new == "/dev/null"):
         return tuple(p[2:] if p[1:2] == "/" else p for p in (old, new))  # git's a/ b/ prefixes
     return old, new
-def _new_file(files, old, new):
-    files.append({"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False})
-    return files[-1]
+_new_file = lambda files, old, new: files.append(
+    {"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False}) or files[-1]
 def parse_diff(text):
-    """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], changed lines)."""
+    """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], +/- lines)."""
     files, changed, cur, git, minus, old_left, new_left = [], [], None, False, None, 0, 0
     for line in text.split("\n"):
         if old_left > 0 or new_left > 0:  # inside a hunk, counted by its header
@@ -271,7 +270,7 @@ def parse_diff(text):
                 old_left, new_left = old_left - (c in "- "), new_left - (c in "+ ")
                 if c in "+-":
                     cur["added" if c == "+" else "removed"] += 1
-                    changed.append(line[1:])
+                    changed.append(line)
                 continue
             old_left = new_left = 0  # a short hunk: read the line as a header
         line = line.rstrip("\r")
@@ -297,8 +296,7 @@ def parse_diff(text):
             cur = cur if git else _new_file(files, *_unprefix(*line[13:-7].partition(" and ")[::2]))
             cur["binary"], git = True, False
     return files, changed
-def _code_tokens(lines):
-    """Identifier-like tokens of code lines, with the dotted sub-chains of short chains (a.b.c -> a.b, b.c)."""
+def _code_tokens(lines):  # identifier-like tokens of code, with sub-chains of short dotted ones
     out = set()
     for t in set(_CODE_TOKEN.findall("\n".join(lines))):
         parts = t.strip(".").split(".")
@@ -306,23 +304,23 @@ def _code_tokens(lines):
         out.update(parts if len(parts) > 8 else (".".join(parts[i:j]) for i in range(len(parts))
                                                   for j in range(i + 1, len(parts) + 1)))
     return out
-def judge_code_diff(claim, ev):
-    """Rules for {diff}: claimed paths, identifiers and action against the parsed diff."""
+def judge_code_diff(claim, ev):  # {diff}: claimed paths, identifiers and action vs the parsed diff
     files, changed = parse_diff(ev["diff"])
     if len(files) > BOUNDS["diff_files"]: return ["evidence_too_large"], {}
     index = {}  # every whole-component suffix of every diff path -> file numbers
     for i, f in enumerate(files):
-        for p in {f["old"], f["new"]} - {"", "/dev/null"}:
-            comps = p.split("/")
-            for k in range(max(0, len(comps) - 16), len(comps)):
-                index.setdefault("/".join(comps[k:]), set()).add(i)
+        for comps in (p.split("/") for p in {f["old"], f["new"]} - {"", "/dev/null"}):
+            for k in range(max(0, len(comps) - 16), len(comps)): index.setdefault("/".join(comps[k:]), set()).add(i)
     details = {"files": files[:100], "files_changed": len(files), "lines_added": sum(f["added"] for f in files),
                "lines_removed": sum(f["removed"] for f in files)}
     if not files: return ["diff_no_changes"], details
     backticked = {t for span in claim.split("`")[1::2] for t in _tokens(span)} if claim.count("`") >= 2 else set()
-    toks = _tokens(claim)
-    low = [t.lower() for t in toks]
+    toks, low = _words(claim)
     claimed, idents, words, codes, named = [], set(), [], [], set()
+    classes, negated = _verb_classes(low, _CODE_VERBS)
+    # the lines the action needs: added for add and check, removed for remove, either for anything else
+    sign = "+" if classes and classes <= {"add", "check"} else "-" if classes == {"remove"} else "+-"
+    lines = [line[1:] for line in changed if line[0] in sign]
     for t in toks:  # named paths first, so old_api.py is a path and never an identifier
         c = t[2:] if t.startswith("./") else t
         if c in index or _pathish(c): claimed.append(c)
@@ -334,27 +332,30 @@ def judge_code_diff(claim, ev):
         named = set().union(*(index[c] for c in hits))
         codes.append("path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed)
                      else "path_in_diff")
-    if idents:
-        codes.append("identifier_%sin_changed_lines" % ("" if idents <= _code_tokens(changed) else "not_"))
+    if idents and idents <= _code_tokens(lines): codes.append("identifier_in_changed_lines")
+    elif idents: codes.append("identifier_not_in_changed_lines")
     elif words:  # content words matter only when the claim names no identifier
-        have = {v for w in set(_CODE_WORD.findall("\n".join(changed))) for v in _variants(w.lower())}
+        have = {v for w in set(_CODE_WORD.findall("\n".join(lines))) for v in _variants(w.lower())}
         if not any(v in have for w in words for v in _variants(w)): codes.append("content_words_absent")
-    classes = {_CODE_VERBS[w] for w in low if w in _CODE_VERBS}
     scope = [files[i] for i in sorted(named)] if named else files
     added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
     if classes:
         need = {"add": added > 0, "check": added > 0, "remove": removed or any(f["status"] == "deleted" for f in scope),
                 "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope)}
         codes.append("action_matches_lines" if all(need[c] for c in classes) else "action_mismatch_lines")
-        if named and any(_CODE_VERBS.get(w) == "remove" and "file" in low[i + 1:i + 3] for i, w in enumerate(low)):
-            codes.append("file_deleted" if all(f["status"] == "deleted" for f in scope) else "file_not_deleted")
+    gone = set()  # the files a remove verb names as its object: 'Removed old_api.py', 'Deleted the file x.py'
+    for i in (i for i, w in enumerate(low) if _CODE_VERBS.get(w) == "remove" and not _negated_at(low, i)):
+        obj = next((t[2:] if t.startswith("./") else t for t in toks[i + 1:i + 4] if t.lower() not in _ARTICLES), "")
+        gone |= index.get(obj, {-1}) if obj and (obj in index or _pathish(obj)) else set()
+    if gone: codes.append("file_deleted" if all(k >= 0 and files[k]["status"] == "deleted" for k in gone)
+                          else "file_not_deleted")
+    if negated: codes.append("claim_negated")
     if named and len(named) < len(files):
         total = sum(f["added"] + f["removed"] for f in files)
         codes.append("changes_mostly_elsewhere" if (total - added - removed) * 2 > total else "unnamed_files_changed")
     details.update(claimed_paths=claimed[:50], identifiers=sorted(idents)[:50], actions=sorted(classes))
     return codes, details
-def _strip_sql(sql):
-    """SQL with string literals, quoted names and comments blanked, in one forward pass (linear)."""
+def _strip_sql(sql):  # SQL with string literals, quoted names and comments blanked, in one forward pass (linear)
     out, i = [], 0
     while True:
         m = _SQL_SKIP.search(sql, i)
@@ -364,7 +365,7 @@ def _strip_sql(sql):
         if j < 0: return " ".join(out)
         i = j + len(end)
 def sql_facts(sql):
-    """(read|insert|update|delete|merge|None, ids compared in WHERE) of the first SQL statement."""
+    """(kind, ids in the first statement's WHERE, WHERE broad: OR/NOT/<>/!=/subquery, more statements)."""
     toks = _SQL_TOKEN.findall(_strip_sql(sql))
     kinds = {"SELECT": "read", "INSERT": "insert", "UPDATE": "update", "DELETE": "delete", "TRUNCATE": "delete",
              "MERGE": "merge", "REPLACE": "merge", "UPSERT": "merge"}
@@ -377,34 +378,40 @@ def sql_facts(sql):
         if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in kinds:
             kind, start = kinds[t.upper()], i  # after WITH, the first statement keyword outside parentheses
     if kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end]): kind = "merge"
-    ids, where = set(), False
+    ids, where, broad, i = set(), False, False, start
     num = lambda j: str(int(toks[j])) if start <= j < end and _digits(toks[j]) and len(toks[j]) <= 18 else None
-    for i in range(start, end):
-        col, where = toks[i].rsplit(".", 1)[-1].lower(), where or toks[i].upper() == "WHERE"
-        if not where or not (col == "id" or col.endswith("_id") or toks[i].endswith("Id")): continue
-        if [t.upper() for t in toks[i + 1:i + 3]] == ["IN", "("]:
-            stop = next((j for j in range(i + 3, min(end, i + 1003)) if toks[j] == ")"), end)
-            ids.update(filter(None, map(num, range(i + 3, stop))))
-            continue
-        ids.update(n for n in (num(i + 2) if toks[i + 1:i + 2] == ["="] else None,
-                               num(i - 2) if toks[i - 1:i] == ["="] else None) if n)
-    return kind, ids
-def judge_db_op(claim, ev):
-    """Rules for {before_count, after_count, operation, affected_rows}: verb vs SQL kind vs row delta."""
+    while i < end:  # each token is looked at a bounded number of times: linear
+        up, col, nxt = toks[i].upper(), toks[i].rsplit(".", 1)[-1].lower(), toks[i + 1].upper() if i + 1 < end else ""
+        where = where or up == "WHERE"
+        broad = broad or where and (up in ("OR", "<>", "!=") or up == "NOT" and nxt != "NULL")
+        if where and (col == "id" or col.endswith("_id") or toks[i].endswith("Id")):
+            if [t.upper() for t in toks[i + 1:i + 3]] == ["IN", "("]:  # id IN (1, 2, 3): at most 1000 tokens
+                stop = next((j for j in range(i + 3, min(end, i + 1003)) if toks[j] == ")"), min(end, i + 1003))
+                inner = range(i + 3, stop)
+                if all(toks[j] == "," or num(j) for j in inner): ids.update(filter(None, map(num, inner)))
+                else: broad = True  # a subquery or an expression
+                i = stop
+                continue
+            ids.update(n for n in (num(i + 2) if toks[i + 1:i + 2] == ["="] else None,
+                                   num(i - 2) if toks[i - 1:i] == ["="] else None) if n)
+        i += 1
+    return kind, ids, broad, any(t != ";" for t in toks[end + 1:])
+def judge_db_op(claim, ev):  # verb vs SQL kind vs row delta vs affected_rows; ids vs WHERE
     low = [t.lower() for t in _tokens(claim)]
-    classes = {_DB_VERBS[w] for w in low if w in _DB_VERBS}
+    classes, negated = _verb_classes(low, _DB_VERBS)
     writes = classes - {"read"}
     before, after, aff, op = (ev.get(k) for k in ("before_count", "after_count", "affected_rows", "operation"))
     delta = after - before if before is not None and after is not None else None
-    skind, sql_ids = sql_facts(op) if op is not None else (None, set())
+    skind, sql_ids, broad, several = sql_facts(op) if op is not None else (None, set(), False, False)
     claimed = min(writes) if len(writes) == 1 else "read" if classes == {"read"} else None
-    count, codes = _claim_count(low, _DB_VERBS), []
+    count, codes = _claim_count(low, _DB_VERBS), ["claim_negated"] if negated else []
     details = {"claimed_action": claimed, "sql_kind": skind, "row_delta": delta, "affected_rows": aff,
                "sql_identifiers": sorted(sql_ids)[:50], "claimed_count": count}
     if len(writes) > 1: return ["conflicting_verbs"], details
     if claimed and skind and skind != "merge":
         codes.append("sql_kind_matches" if skind == claimed else "sql_kind_conflicts" if skind == "read"
                      else "sql_kind_mismatch")
+    if several: codes.append("sql_multiple_statements")
     if claimed and delta is not None:
         fits = {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}[claimed]
         codes.append("row_delta_matches" if fits else "row_delta_mismatch")
@@ -414,55 +421,54 @@ def judge_db_op(claim, ev):
     elif claimed == "update" and aff is not None and delta == 0: codes.append("affected_rows_consistent")
     known = {aff, abs(delta) if delta is not None and claimed != "update" else None} - {None}
     if count is not None and known: codes.append("count_matches" if count in known else "count_mismatch")
-    ids = _claim_ids(low)
-    if ids and sql_ids: codes.append("sql_identifier_matches" if ids <= sql_ids else "sql_identifier_mismatch")
+    ids = {n for _, n in _claim_ids(low)}
+    if ids and not ids <= sql_ids and sql_ids: codes.append("sql_identifier_mismatch")
+    elif ids: codes.append("sql_identifier_unchecked" if broad or not sql_ids else "sql_identifier_matches")
     return codes, details
-def _quantities(toks):
-    """(line counts, sizes in bytes) stated in the claim: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'."""
-    lines, sizes = [], []
-    for i, t in enumerate(toks):
+def _quantities(low):  # [(token index, 'lines' or 'bytes', value)]: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'
+    out = []
+    for i, t in enumerate(low):
         j = len(t) - len(t.lstrip("0123456789.,")) if len(t) <= 32 else 0
-        n, unit = _number(t[:j]) if j else None, (t[j:] or (toks[i + 1] if i + 1 < len(toks) else "")).lower()
-        if n is not None and unit in ("line", "lines") and isinstance(n, int): lines.append(n)
-        elif n is not None and unit in _SIZE_UNITS: sizes.append(n * _SIZE_UNITS[unit])
-    return lines, sizes
-def judge_file_op(claim, ev):
-    """Rules for {path, exists_before, exists_after, line_count?, size_bytes?, new_path?}."""
-    toks = _tokens(claim)
-    path, new = ev["path"], ev.get("new_path")
-    classes = {_FILE_VERBS[w] for w in (t.lower() for t in toks) if w in _FILE_VERBS}
+        n, unit = _number(t[:j]) if j else None, t[j:] or (low[i + 1] if i + 1 < len(low) else "")
+        if n is not None and unit in ("line", "lines") and isinstance(n, int): out.append((i, "lines", n))
+        elif n is not None and unit in _SIZE_UNITS: out.append((i, "bytes", n * _SIZE_UNITS[unit]))
+    return out
+def judge_file_op(claim, ev):  # {path, exists_before, exists_after, line_count?, size_bytes?, new_path?}
+    toks, low = _words(claim)
+    path, new, quantities = ev["path"], ev.get("new_path"), _quantities(low)
+    # 'removed 3 lines', 'appended 2 KB': the verb changes content (modify) and its number is a change, not a total
+    edits = {i - 1 for i, _, _ in quantities if i and _FILE_VERBS.get(low[i - 1]) not in (None, "write", "rename")}
+    classes, negated = _verb_classes(["modify" if i in edits else w for i, w in enumerate(low)], _FILE_VERBS)
     classes -= {"write"} if len(classes) > 1 else set()
     verb = min(classes) if len(classes) == 1 else None
     details = {"claimed_action": verb, "path": path, "new_path": new}
     if len(classes) > 1: return ["conflicting_verbs"], details
-    codes, match = [], lambda c: _suffix_of(c, path) or bool(new and _suffix_of(c, new))
+    codes, match = ["claim_negated"] * negated, lambda c: _suffix_of(c, path) or bool(new and _suffix_of(c, new))
     claimed = [c for c in (t[2:] if t.startswith("./") else t for t in toks) if _pathish(c) or match(c)]
     bad = [c for c in claimed if not match(c)]
-    if verb == "rename" and not new and len(bad) == 1 < len(claimed):
-        bad = []  # the one unmatched path is the destination, which the evidence does not give
-    if claimed: codes.append("path_mismatch" if bad else "path_matches")
+    if verb == "rename" and not new and len(bad) == 1 < len(claimed): bad = []  # the destination: not in evidence
+    order = [not _suffix_of(c, path) for c in claimed]  # for a rename: path (old) named before new_path
+    if verb == "rename" and new and order != sorted(order): bad = claimed
+    codes.append("path_mismatch" if bad else "path_matches" if claimed else "path_not_named")
     if verb == "rename" and not new: codes.append("new_path_missing")
     elif verb:
         want_before, want_after = _FILE_STATES[verb]
         codes.append("end_state_mismatch" if ev["exists_after"] != want_after else "start_state_mismatch"
                      if want_before is not None and ev["exists_before"] != want_before else "existence_matches")
-    lines, sizes = _quantities(toks)
+    lines, sizes = ([v for i, k, v in quantities if k == unit and i - 1 not in edits] for unit in ("lines", "bytes"))
     if lines and ev.get("line_count") is not None:
         actual, off = ev["line_count"], abs(lines[0] - ev["line_count"])
         codes.append("line_count_matches" if off == 0 else "line_count_mismatch" if off > 50 or off > 0.1 * actual
                      else "line_count_off")
     if sizes and ev.get("size_bytes") is not None:
-        actual = ev["size_bytes"]
-        rel = abs(sizes[0] - actual) / actual if actual else (0 if sizes[0] == 0 else 1)
+        rel = abs(sizes[0] - ev["size_bytes"]) / ev["size_bytes"] if ev["size_bytes"] else float(sizes[0] != 0)
         codes.append("size_matches" if rel <= 0.01 else "size_mismatch" if rel > 0.5 else "size_off")
     details.update(claimed_paths=claimed[:50], claimed_lines=lines[:1], claimed_bytes=sizes[:1])
     return codes, details
 _outcome = lambda ok, fail: "success" if ok and not fail else "failure" if fail and not ok else None
-def _body_outcome(body):
-    """'success', 'failure' or None, judged structurally for JSON and by whole words for other text."""
+def _body_outcome(body):  # 'success', 'failure' or None, judged structurally for JSON and by whole words for other text
     if isinstance(body, str):
-        try:
-            body = strict_loads(body.encode("utf-8"))
+        try: body = strict_loads(body.encode("utf-8"), exact_ints=False)
         except (ValueError, UnicodeError):
             words = set(_ALPHA.findall(body.lower()))
             return _outcome(words & _STATUS_OK, words & _STATUS_FAIL)
@@ -473,16 +479,23 @@ def _body_outcome(body):
     if body.get("error") not in (None, False) or (isinstance(body.get("errors"), (list, dict)) and body["errors"]):
         votes.add("failure")
     return votes.pop() if len(votes) == 1 else None
-def _targets(toks):
-    return ({e for e in map(_email, toks) if e}, {u for u in map(_url, toks) if u},
-            _claim_ids([t.lower() for t in toks]))
-def judge_api_call(claim, ev):
-    """Rules for {request, response_status, response_body}: intent vs status class and body; targets vs request."""
-    toks = _tokens(claim)
-    low = [t.lower() for t in toks]
-    negated = [w in _OK_WORDS and bool(_NEGATION & set(low[max(0, i - 2):i])) for i, w in enumerate(low)]
-    intent = _outcome(any(w in _OK_WORDS and not n for w, n in zip(low, negated)),
-                      any(n or w in _FAIL_WORDS for w, n in zip(low, negated)))  # 'was not sent' is a failure
+_URL_KEYS, _EMAIL_KEYS = {"url", "uri", "endpoint", "href"}, {"to", "recipient", "recipients", "email", "cc"}
+def _request_targets(req, want_ids):  # (emails, {host: paths}, (noun, id) pairs) in target fields
+    emails, urls, ids, whole = set(), {}, set(), isinstance(req, str)
+    for key, text in [("", req)] if whole else _MEMBER.findall(json.dumps(req, ensure_ascii=False)):
+        low, text = key.lower(), text.strip('"')
+        if whole or low in _EMAIL_KEYS: emails.update(filter(None, map(_email, _tokens(text))))  # Eve <eve@x.com>
+        for host, path in filter(None, (_host_path(*m) for m in _URLS.findall(text) if whole or low in _URL_KEYS)):
+            urls.setdefault(host, set()).add(path)
+            segs = path.split("/") if want_ids else ()  # /customers/78 -> customer 78, if the claim names an id
+            ids.update((_singular(a.lower()), b) for a, b in zip(segs, segs[1:]) if _digits(b) and len(b) <= 18)
+        if (low == "id" or low.endswith("_id") or key.endswith("Id")) and _digits(text) and len(text) <= 18:
+            ids.add((_singular(low[:-2].rstrip("_")), str(int(text))))
+    return emails, urls, ids | (_claim_ids([t.lower() for t in _tokens(req)]) if whole and want_ids else set())
+def judge_api_call(claim, ev):  # intent vs status class and body; targets vs the request
+    toks, low = _words(claim)
+    ok, negated = _verb_classes(low, dict.fromkeys(_OK_WORDS, "ok"))  # 'was not sent' is a failure
+    intent = _outcome(ok, negated or not _FAIL_WORDS.isdisjoint(low))
     status, body, codes = ev["response_status"], _body_outcome(ev.get("response_body")), []
     details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
     if intent and (status >= 400 or 200 <= status < 300):
@@ -491,65 +504,65 @@ def judge_api_call(claim, ev):
     if intent and body:
         codes.append("body_matches_claim" if body == intent else "body_failure" if body == "failure"
                      else "body_contradicts_failure_claim")
-    req = ev.get("request")
-    r_emails, r_urls, r_ids = _targets(_tokens(req if isinstance(req, str) else json.dumps(req, ensure_ascii=False)))
-    r_ids |= {seg for _, p in r_urls for seg in p.split("/") if _digits(seg) and len(seg) <= 18}
-    results = set()
-    for claimed, have, is_url in zip(_targets(toks), (r_emails, r_urls, r_ids), (False, True, False)):
-        for c in claimed:
-            hit = any(h == c[0] and (not c[1] or p == c[1]) for h, p in have) if is_url else c in have
-            results.add("target_matches" if hit else "target_mismatch" if have else "target_not_in_request")
+    emails, urls, ids = _request_targets(ev.get("request") or {}, bool(claim_ids := _claim_ids(low)))
+    code = lambda hit, others: "target_matches" if hit else "target_mismatch" if others else "target_not_in_request"
+    results = {code(e in emails, emails) for e in filter(None, map(_email, toks))}
+    results |= {code(p in urls.get(h, ()) or not p and h in urls, urls) for h, p in filter(None, map(_url, toks))}
+    for noun, n in claim_ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
+        same = {m for k, m in ids if not (k and noun) or k == noun}
+        results.add(code(n in same, same))
     codes += [c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results][:1]
     return codes, details
-def _json_values(text, key):
-    """Scalar values (as JSON text, strings unquoted) of members named key, in text made by json.dumps."""
-    found = re.finditer(r'(?<!\\)%s: ("[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]]*)' % re.escape(_encode_str(key)), text)
-    return [v[1:-1] if v[:1] == '"' else v for v in (m.group(1) for m in found) if v][:100]
-def judge_generic(claim, ev):
-    """Conservative rules for any evidence: distinct entity matches, and explicit KEY is/was/=/: VALUE conflicts."""
+def judge_generic(claim, ev):  # conservative: entity matches; explicit KEY is VALUE conflicts
     text = json.dumps(ev, ensure_ascii=False).lower()  # ": " keeps values apart from their keys
     have, raw = set(_TOKEN.findall(text)), _TOKEN.findall(claim)
-    toks, ents = [_strip(t) for t in raw], set()
-    for t in toks:
+    toks, ents, stated, values = [_strip(t) for t in raw], set(), {}, {}
+    low = [t.lower() for t in toks]
+    for t in toks:  # numbers below 10 ('3 databases', '0 errors') match by chance: not entities
         n = _number(t)
-        if n is not None or (t.lower() not in ("true", "false", "null") and (
-                _email(t) or _url(t) or _pathish(t) or _identifier(t))):
+        if (n or 0) >= 10 or n is None and t.lower() not in ("true", "false", "null") and (
+                _email(t) or _url(t) or _pathish(t) or _identifier(t)):
             ents.add(_es_number(n) if n is not None else t.lower())
     matched = [e for e in ents if any(e + s in have for s in ("", ".", ",", ":", "/", "!", "?"))]
     codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
-    fillers, found = {"not", "no", "now", "still", "also", "the", "a", "an", "being", "set", "already", "currently"}, {}
+    fillers = {"not", "no", "now", "still", "also", "the", "a", "an", "being", "set", "already", "currently"}
     for i, t in enumerate(raw[:-1]):
         key = val = None
         if t.endswith(":") and len(t) > 1: key, val = t[:-1], toks[i + 1]
         elif i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were"):
             key, val = toks[i], toks[i + 2]
         elif "=" in t.strip("="): key, val = t.partition("=")[0], _strip(t.partition("=")[2])
-        if not key or not val or val.lower() in fillers or not key.replace("_", "a").replace("-", "a").isalnum():
-            continue
-        key, val, num = key.lower()[:64], val.lower(), _number(val)
-        if key not in found and len(found) < 32:  # each distinct key scans the text once; at most 32 keys
-            found[key] = _json_values(text, key)
-        same_type = [v for v in found.get(key, ()) if (_number(v) is not None) == (num is not None)]
-        if same_type:  # a number is only compared with numbers, a word with strings and literals
-            same = any(v == val or (num is not None and _es_number(_number(v)) == _es_number(num)) for v in same_type)
-            codes.append("explicit_value_match" if same else "explicit_value_conflict")
-    return codes, {"entities_matched": len(matched)}
+        if key and val and val.lower() not in fillers and key.replace("_", "a").replace("-", "a").isalnum() and (
+                key.lower()[:64] in stated or len(stated) < 32):
+            stated.setdefault(key.lower()[:64], set()).add(val.lower())
+    wanted = [k for k in list(stated) + list(_STATUS_KEYS) if '"%s": ' % k in text]  # keys the evidence has
+    for key, v in _MEMBER.findall(text) if wanted else ():  # one pass: the values of the claim's and status keys
+        if v and v[0] != "[" and (key in stated or key in _STATUS_KEYS): values.setdefault(key, []).append(v.strip('"'))
+    for key, claimed in stated.items():  # one code per key, however often the claim states it
+        found, same = values.get(key, [])[:100], set()
+        for val, num in ((val, _number(val)) for val in claimed):  # numbers meet numbers, words strings and literals
+            typed = [v for v in found if (_number(v) is None) == (num is None)]
+            if typed: same.add(any(v == val or num is not None and _es_number(_number(v)) == _es_number(num)
+                                   for v in typed))
+        if same: codes.append("explicit_value_conflict" if False in same else "explicit_value_match")
+    if _FAIL_WORDS.isdisjoint(low) and any(v.strip() in _STATUS_FAIL for k in _STATUS_KEYS for v in values.get(k, ())):
+        codes.append("evidence_reports_failure")
+    return codes + ["claim_negated"] * (not _NOT.isdisjoint(low)), {"entities_matched": len(matched)}
 _COUNT = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
 _STR, _BOOL = lambda v: isinstance(v, str) and v != "", lambda v: isinstance(v, bool)
 # kind -> ({field: (type check, length bound)}, groups of fields: the evidence needs one complete group)
 EVIDENCE = {
     "code_diff": ({"diff": (lambda v: isinstance(v, str), "diff_chars")}, [("diff",)]),
     "db_op": ({"before_count": (_COUNT, None), "after_count": (_COUNT, None), "affected_rows": (_COUNT, None),
-               "operation": (_STR, "operation_chars")},
-              [("before_count", "after_count"), ("affected_rows",), ("operation",)]),
+               "operation": (_STR, "operation_chars")}, [("before_count", "after_count"), ("affected_rows",),
+                                                         ("operation",)]),
     "file_op": ({"path": (_STR, "path_chars"), "new_path": (_STR, "path_chars"), "exists_before": (_BOOL, None),
                  "exists_after": (_BOOL, None), "line_count": (_COUNT, None), "size_bytes": (_COUNT, None)},
                 [("path", "exists_before", "exists_after")]),
     "api_call": ({"response_status": (lambda v: _COUNT(v) and 100 <= v <= 599, None),
                   "request": (lambda v: isinstance(v, (str, dict)), "request_chars")}, [("response_status",)]),
     "generic": ({}, [()])}
-def check_evidence(kind, ev):
-    """A reason code when evidence cannot be judged as this kind (wrong type, too large, missing; null = absent)."""
+def check_evidence(kind, ev):  # a code when the evidence cannot be judged as kind; null is absent
     fields, groups = EVIDENCE[kind]
     for name, (ok, bound) in fields.items():
         v = ev.get(name)
@@ -564,17 +577,18 @@ _SHAPES = (("code_diff", ("diff",)), ("db_op", ("before_count", "after_count", "
 DISPATCH = (["the kind field, case-insensitive"] + ["any of %s -> %s" % (", ".join(f), k) for k, f in _SHAPES]
             + ["otherwise generic (operation alone never selects db_op)"])
 def dispatch_kind(evidence, kind=None):
-    """The kind to judge: the requested one (case-insensitive), else by evidence shape in a fixed order."""
-    return kind.lower() if kind else next((k for k, fs in _SHAPES if any(f in evidence for f in fs)), "generic")
+    """The requested kind (case-insensitive), else by evidence shape (null is absent, as for checks)."""
+    return kind.lower() if kind else next((k for k, fs in _SHAPES if any(evidence.get(f) is not None for f in fs)),
+                                          "generic")
 def judge(kind, claim, evidence):
-    """Run one kind's rules; return (reason codes, details). Never raises: a rule failure is unsafe_to_verify."""
+    """(codes, details, verdict, confidence); never raises: a rule failure is unsafe_to_verify (verifier_error)."""
     try:
         bad = check_evidence(kind, evidence)
         codes, details = ([bad], {}) if bad else _JUDGES[kind](claim, evidence)
-    except Exception:  # a rule bug still gets a signed answer, never a dropped connection
-        codes, details = ["verifier_error"], {}
-    return codes or ["no_signal"], details
-
+        codes = codes or ["no_signal"]
+        return (codes, details) + decide(codes)
+    except Exception:
+        return ["verifier_error"], {}, "unsafe_to_verify", 0.0
 # ---- §4 Receipts (pure given a key ring) -------------------------------------------------------------------------
 RECEIPT_FIELDS = collections.OrderedDict([  # field -> what it holds (GET /spec documents each)
     ("schema", "\"verify_action_receipt.v0\"."), ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8."),
@@ -586,126 +600,120 @@ RECEIPT_FIELDS = collections.OrderedDict([  # field -> what it holds (GET /spec 
     ("issued_at", "RFC 3339 UTC time."), ("issued_by", "--issuer."), ("kid", "Key id in the operator's key ring."),
     ("signature", "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256 under the kid's key of the canonical JSON of "
                   "the receipt without signature.")])
-
-class KeyRing(object):
-    """HMAC keys by kid; the last key signs new receipts, every key verifies."""
+class KeyRing(object):  # HMAC keys by kid: the last key signs new receipts, every key verifies
     def __init__(self, pairs, ephemeral=False):
         if not pairs: raise ValueError("the key ring has no keys")
         self.keys, self.kid, self.ephemeral = collections.OrderedDict(pairs), pairs[-1][0], ephemeral
     @classmethod
-    def parse(cls, text):
+    def parse(cls, text, allow_empty=False):
         """Parse 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError."""
         pairs = []
         for n, line in enumerate(text.splitlines(), 1):
             parts = line.split("#", 1)[0].split()
-            try:
-                key = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)) if len(parts) == 2 else b""
+            try: key = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)) if len(parts) == 2 else b""
             except (ValueError, TypeError): key = b""
             kid_ok = parts and parts[0].isascii() and parts[0].translate({ord(c): "a" for c in "-_."}).isalnum()
             if parts and (len(key) < 32 or not kid_ok or len(parts[0]) > 64 or parts[0] in dict(pairs)):
                 raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % n)
             pairs += [(parts[0], key)] if parts else []
-        return cls(pairs)
+        return cls(pairs) if pairs or not allow_empty else None
     @classmethod
     def generate(cls):  # a one-process key ring: its receipts cannot be verified after a restart
         return cls([("ephemeral-" + secrets.token_hex(4), secrets.token_bytes(32))], ephemeral=True)
     def mac(self, kid, body):  # the signature field of a receipt body (without signature) under key kid
-        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], canonical_json(body), hashlib.sha256).digest())
+        data = _jcs(body).encode("utf-8")  # small, and its confidence is a float: the exact path directly
+        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], data, hashlib.sha256).digest())
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now):
     """A signed receipt for one judged request (request: the object as received, already validated)."""
-    body = {"schema": SCHEMA, "claim_hash": _sha(request["claim"].encode("utf-8")),
-            "evidence_manifest_hash": _sha(canonical_json(request["evidence"])),
-            "request_hash": _sha(canonical_json(request)), "verifier_id": "verify_action.py@" + VERSION,
-            "verifier_method": "rule_based." + kind, "verdict": verdict, "confidence": confidence,
-            "reason_codes": list(codes), "policy_or_oracle_refs": [], "caller_context": request.get("caller_context",
-                                                                                                      {}),
+    ev = canonical_json(request["evidence"])  # the request's keys are ASCII field names: sorted() is JCS order
+    whole = b"{%s}" % b",".join(b'"%s":%s' % (k.encode(), ev if k == "evidence" else canonical_json(request[k]))
+                                for k in sorted(request))
+    body = {"schema": SCHEMA, "claim_hash": _sha(request["claim"].encode("utf-8")), "evidence_manifest_hash": _sha(ev),
+            "request_hash": _sha(whole), "verifier_id": "verify_action.py@" + VERSION, "verifier_method":
+            "rule_based." + kind, "verdict": verdict, "confidence": confidence, "reason_codes": list(codes),
+            "policy_or_oracle_refs": [], "caller_context": request.get("caller_context", {}),
             "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "issued_by": issuer, "kid": keyring.kid}
     return dict(body, signature=keyring.mac(keyring.kid, body))
-def verify_receipt(receipt, keyring):
-    """(valid, reason: ok|malformed|unsupported_schema|unknown_kid|bad_signature, kid); constant-time compare."""
+def verify_receipt(receipt, keyring):  # (valid, ok|malformed|unsupported_schema|unknown_kid|bad_signature, kid)
     if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS): return False, "malformed", None
     kid, sig = receipt["kid"], receipt["signature"]
     if not isinstance(kid, str) or not isinstance(sig, str) or not sig.startswith("hmac-sha256:"):
         return False, "malformed", None
     if receipt["schema"] != SCHEMA or kid not in keyring.keys:
         return False, "unsupported_schema" if receipt["schema"] != SCHEMA else "unknown_kid", kid
-    try:
-        expected = keyring.mac(kid, {k: v for k, v in receipt.items() if k != "signature"})
+    try: expected = keyring.mac(kid, {k: v for k, v in receipt.items() if k != "signature"})
     except (TypeError, ValueError): return False, "malformed", kid
     ok = hmac.compare_digest(expected.encode("utf-8"), sig.encode("utf-8", "replace"))
     return ok, "ok" if ok else "bad_signature", kid
-
 # ---- §5 Key-ring and token files (I/O) ---------------------------------------------------------------------------
-def read_private_file(path, limit=65536):
-    """Text of a regular file that group and others cannot access; refuses anything else (ValueError)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
-    finally:
-        os.close(fd)
+def read_private_file(path, limit=65536, fd=None):
+    """Text of a regular file group and others cannot access (else ValueError); reads fd if given."""
+    own = fd is None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if own else fd
+    try: mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
+    finally: own and os.close(fd)
     if not stat.S_ISREG(mode) or mode & 0o077 or len(data) > limit:
         raise ValueError("refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
                          "others (mode %03o; run chmod 600 on it)" % (path, limit, mode & 0o777))
     return data.decode("utf-8")
-def load_keyring(path):
-    """Load a key-ring file (see KeyRing.parse), refusing a file group or others can read."""
-    return KeyRing.parse(read_private_file(path))
+load_keyring = lambda path: KeyRing.parse(read_private_file(path))  # refusing a file group or others can read
 def keygen(path):
-    """Create the key-ring file (O_CREAT|O_EXCL, mode 0600 from the start) or append a new key; returns the kid."""
+    """Create the key ring (O_CREAT|O_EXCL, 0600) or append through one checked O_NOFOLLOW descriptor; the kid."""
     kid = "k" + time.strftime("%Y%m%d", time.gmtime()) + "-" + secrets.token_hex(3)
-    line, flags = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32))), os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    line, flags = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32))), getattr(os, "O_CLOEXEC", 0)
+    try: fd, old = os.open(path, flags | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
+    except FileExistsError: fd, old = os.open(path, flags | os.O_RDWR | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)), ""
     try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        line = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n" + line
-    except FileExistsError:
-        old = read_private_file(path)
-        KeyRing.parse(old)  # never append to a file that does not load
-        fd, line = os.open(path, flags | os.O_APPEND), ("" if old.endswith("\n") or not old else "\n") + line
-    try:
-        os.write(fd, line.encode("ascii"))
-    finally:
-        os.close(fd)
+        old = old if old is None else read_private_file(path, fd=fd)
+        if old: KeyRing.parse(old, allow_empty=True)  # never append to a file that does not load
+        head = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
+        os.write(fd, ((head if old is None else "" if old.endswith("\n") or not old else "\n") + line).encode("ascii"))
+    finally: os.close(fd)
     return kid
-
 # ---- §6 Request validation and strict JSON -----------------------------------------------------------------------
-class RequestError(ValueError):
-    """A refusal: code (snake_case or JSON-RPC number), message (never input), HTTP status and headers."""
+class RequestError(ValueError):  # a refusal: code (snake_case or JSON-RPC number), message (never input), status
     def __init__(self, code, message, status=400, headers=()):
         ValueError.__init__(self, message)
         self.code, self.message, self.status, self.headers = code, message, status, list(headers)
-_LONG_DIGITS, _NOT_BRACKET = re.compile(r"[0-9]{300}"), re.compile(r"[^\[\]{}]+")
-_BRACKET_PAIR = re.compile(r"\[\]|\{\}")
+_DIGIT_MASK = bytes(48 if 48 <= b < 58 else 32 for b in range(256))  # digits -> '0', other bytes -> ' '
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: the two parts never overlap
-def _bad_json(message):
-    raise RequestError("invalid_json", message)
-def _double_int(s):
-    v = int(s)  # beyond 4300 digits Python itself refuses (ValueError)
-    return v if abs(v) <= 1.7976931348623157e308 else _bad_json("a number does not fit a double")
-def strict_loads(raw):
-    """Strict UTF-8 JSON: refuses NaN, duplicate keys, lone surrogates, non-doubles, nesting deeper than 32."""
+_DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # opening +1, closing -1 as signed bytes
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+MAX_INT = 2 ** 53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
+def need(ok, code, message):
+    if not ok: raise RequestError(code, message)
+def _bad_json(message): raise RequestError("invalid_json", message)
+def _exact_int(s):
+    v = int(s) if len(s) <= 17 else MAX_INT + 1
+    return v if -MAX_INT <= v <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+def strict_loads(raw, exact_ints=True):
+    """Strict UTF-8 JSON: no NaN, duplicate keys, lone surrogates, depth > 32, integers beyond +-(2^53-1)."""
     try:
         text = raw.decode("utf-8")
-        value = json.loads(text, parse_int=_double_int if _LONG_DIGITS.search(text) else None,
-                           parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
-                           object_pairs_hook=lambda p: dict(p) if len(set(k for k, _ in p)) == len(p)
-                           else _bad_json("duplicate object key"))
-        json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")  # 1e400 -> inf; lone surrogates
+        long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
+        collecting = gc.isenabled()  # 1 MiB can hold 500k containers, none in a cycle: collecting then is waste
+        gc.disable()
+        try: value = json.loads(text, parse_int=_exact_int if long_ints else None,
+                                parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"))
+        finally: collecting and gc.enable()
+        again = json.dumps(value, ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"))
+        again.encode("utf-8")  # a lone surrogate cannot be encoded
     except RequestError: raise
     except UnicodeError: _bad_json("not UTF-8, or a string holds a lone surrogate")
     except RecursionError: _bad_json("nesting deeper than %d" % MAX_DEPTH)
     except ValueError as e:
         _bad_json("%s (at character %s)" % ("a number does not fit a double" if "Out of range" in str(e)
                                              else getattr(e, "msg", "invalid JSON"), getattr(e, "pos", "?")))
-    if text.count("[") + text.count("{") > MAX_DEPTH:
-        brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
-        for _ in range(MAX_DEPTH):  # each round removes the innermost level
-            brackets = _BRACKET_PAIR.sub("", brackets)
-        if brackets: _bad_json("nesting deeper than %d" % MAX_DEPTH)
+    # a duplicate key leaves fewer ':' outside strings; without \u escapes (\u003a) strings hold as many in both
+    if (text.count(":") != again.count(":")) if "\\u" not in text else (
+            _JSON_STRING.sub("", text).count(":") != _JSON_STRING.sub("", again).count(":")):
+        _bad_json("duplicate object key")
+    if text.count("[") + text.count("{") > MAX_DEPTH:  # one linear pass: the running depth, counted in C
+        steps = _JSON_STRING.sub("", text).encode("utf-8").translate(_DEPTH_STEP, _NOT_BRACKETS)
+        if max(itertools.accumulate(memoryview(steps).cast("b"))) > MAX_DEPTH:
+            _bad_json("nesting deeper than %d" % MAX_DEPTH)
     return value
-def validate_request(obj):
-    """Check a /verify body (or MCP arguments) field by field; raises RequestError, never truncates."""
-    def need(ok, code, message):
-        if not ok: raise RequestError(code, message)
+def validate_request(obj):  # a /verify body or MCP arguments, checked; RequestError, never truncation
     need(isinstance(obj, dict), "invalid_request", "the request must be a JSON object")
     need(not set(obj) - set(REQUEST_FIELDS), "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
     claim, kind, ctx, cc = obj.get("claim"), obj.get("kind"), obj.get("context"), obj.get("caller_context")
@@ -720,7 +728,6 @@ def validate_request(obj):
             isinstance(v, str) and len(v) <= MAX_CALLER_STR)) for k, v in cc.items())), "invalid_caller_context",
          "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null")
     return obj
-
 # ---- §7 The service: /verify, receipts and MCP handlers, shared by HTTP and stdio --------------------------------
 _EVIDENCE_DOC = ("code_diff {diff}; db_op {before_count, after_count, operation, affected_rows}; file_op {path, "
                  "exists_before, exists_after, line_count?, size_bytes?, new_path?}; api_call {request, "
@@ -729,68 +736,61 @@ _S, _O, _TITLE = {"type": "string"}, {"type": "object"}, "Verify an agent's clai
 _RESPONSE_FIELDS = ("aar_verdict", "verdict", "confidence", "reason_codes", "reasoning", "kind_dispatched",
                     "verifier_used", "details", "receipt")
 TOOL = {"name": "verify_action", "title": _TITLE, "annotations": {"title": _TITLE, "readOnlyHint": True,
-                                                                  "idempotentHint": False, "openWorldHint": False},
-        "description": "Check whether a claim about an action (code change, database operation, file operation, API "
-                       "call, or anything else) is consistent with the evidence supplied, using deterministic rules; "
-                       "returns a verdict, reason codes and a signed receipt. It fetches nothing, so a receipt never "
-                       "proves the claim true.",
-        "inputSchema": {"type": "object", "additionalProperties": False, "required": ["claim", "evidence"],
-                        "properties": {
-            "claim": dict(_S, minLength=1, maxLength=MAX_CLAIM), "evidence": dict(_O, description=_EVIDENCE_DOC),
-            "kind": dict(_S, enum=list(KINDS)), "context": dict(_S, maxLength=MAX_CONTEXT), "caller_context": dict(
-                _O, description="At most 8 scalar values; keys and strings <= 64 characters.")}},
-        "outputSchema": {"type": "object", "required": list(_RESPONSE_FIELDS), "properties": dict(zip(
-            _RESPONSE_FIELDS, (
+        "idempotentHint": False, "openWorldHint": False}, "description": "Check whether a claim about an action (code "
+        "change, database operation, file operation, API call, or anything else) is consistent with the evidence "
+        "supplied, using deterministic rules; returns a verdict, reason codes and a signed receipt. It fetches "
+        "nothing, so a receipt never proves the claim true.", "inputSchema": {"type": "object", "required": ["claim",
+        "evidence"], "additionalProperties": False, "properties": {"claim": dict(_S, minLength=1, maxLength=MAX_CLAIM),
+        "evidence": dict(_O, description=_EVIDENCE_DOC), "kind": dict(_S, enum=list(KINDS)), "context": dict(
+            _S, maxLength=MAX_CONTEXT), "caller_context": dict(_O, description="At most 8 scalar values; keys and "
+                                                                              "strings <= 64 characters.")}},
+        "outputSchema": dict(_O, required=list(_RESPONSE_FIELDS), properties=dict(zip(_RESPONSE_FIELDS, (
             dict(_S, enum=list(VERDICTS)), dict(_S, enum=list(LEGACY.values())), {"type": "number", "minimum": 0,
-            "maximum": 1}, {"type": "array", "items": _S}, _S, dict(_S, enum=list(KINDS)), _S, _O, _O)))}}
-def rules_document():
-    """The GET /rules document: decision rule, dispatch order, rules per kind, bounds, every reason code."""
+            "maximum": 1}, {"type": "array", "items": _S}, _S, dict(_S, enum=list(KINDS)), _S, _O, _O))))}
+def rules_document():  # GET /rules: decision, dispatch order, rules, bounds, every reason code
     return {"decision": DECISION, "confidence": CONFIDENCE, "bounds": BOUNDS, "dispatch_order": DISPATCH,
             "evidence": {k: {"fields": sorted(f), "needs_one_of": g} for k, (f, g) in EVIDENCE.items()},
             "verbs": dict(VERB_CLASSES, api_call={"success": sorted(_OK_WORDS), "failure": sorted(_FAIL_WORDS)}),
             "reason_codes": {c: dict(kind=k, signal=_SIGNAL_NAMES[s], meaning=m) for c, (k, s, m) in REASONS.items()}}
-def spec_document():
-    """The GET /spec document: tool schema, kinds, verdicts, receipt fields, canonicalisation, version."""
+def spec_document():  # GET /spec: tool schema, kinds, verdicts, receipt fields, canonical form
     return {"name": "verify_action.py", "version": VERSION, "proves": PROVES, "does_not_prove": NOT_PROVES,
             "tool": TOOL, "kinds": KINDS, "evidence": _EVIDENCE_DOC, "verdicts": {"aar_verdict": VERDICTS,
                                                                                 "legacy_verdict": LEGACY},
             "receipt": {"schema": SCHEMA, "fields": RECEIPT_FIELDS, "verify": "POST /receipts/verify {\"receipt\": {}}"
                         " or verify_action.py verify-receipt FILE --key-file F", "canonicalization": "RFC 8785 (JCS): "
-                        "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal escapes, UTF-8"},
-            "limits": {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH},
+                        "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal escapes, UTF-8. "
+                        "Numbers are doubles, so a request with an integer beyond +-(2^53 - 1) is refused (400, "
+                        "I-JSON, RFC 7493): two such integers could otherwise hash alike."},
+            "limits": {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH,
+                       "integer_magnitude_max": MAX_INT},
             "endpoints": ["%s %s" % (m, p) for p, m in ROUTES.items()],
             "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]}}
 _rpc_error = lambda msg_id, code, message: {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
 _text = lambda text: {"type": "text", "text": text}
 _json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-class Service(object):
-    """What HTTP and stdio share: the key ring, the issuer, counters and every handler."""
+class Service(object):  # what HTTP and stdio share: the key ring, the issuer, counters and every handler
     def __init__(self, keyring, issuer="verify_action.py", clock=time.time):
         self.keyring, self.issuer, self.clock, self.started = keyring, issuer, clock, clock()
         self._lock = threading.Lock()
         self.counts = {"verifications": 0, "by_kind": dict.fromkeys(KINDS, 0), "by_verdict": dict.fromkeys(VERDICTS, 0),
                        "receipt_checks": 0, "mcp_messages": 0, "errors_by_status": {}}
-    def count(self, key, sub=None):
-        """Add one to a counter of GET /stats (never anything about request content)."""
+    def count(self, key, sub=None):  # one more in a GET /stats counter (never request content)
         with self._lock:
             table, name = (self.counts, key) if sub is None else (self.counts[key], sub)
             table[name] = table.get(name, 0) + 1
     def stats(self):
         with self._lock:
             return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3))
-    def verify(self, request):
-        """Judge a validated request and sign the result: the /verify response object."""
+    def verify(self, request):  # judge a validated request and sign: the /verify response
         kind = dispatch_kind(request["evidence"], request.get("kind"))
-        codes, details = judge(kind, request["claim"], request["evidence"])
-        (verdict, confidence), unique = decide(codes), list(dict.fromkeys(codes))
+        codes, details, verdict, confidence = judge(kind, request["claim"], request["evidence"])
+        unique = list(dict.fromkeys(codes))
         receipt = issue_receipt(request, kind, verdict, confidence, unique, self.keyring, self.issuer, self.clock())
         for key, sub in (("verifications", None), ("by_kind", kind), ("by_verdict", verdict)): self.count(key, sub)
         return {"aar_verdict": verdict, "verdict": LEGACY[verdict], "confidence": confidence, "reason_codes": unique,
                 "reasoning": "%s (%s): %s" % (verdict, kind, " ".join(REASONS[c][2] for c in unique)),
                 "kind_dispatched": kind, "verifier_used": kind + "_v1", "details": details, "receipt": receipt}
-    def post(self, path, raw, headers):
-        """Handle a POST body; returns (status, JSON-able object, or None for an empty 202)."""
+    def post(self, path, raw, headers):  # (status, JSON object, or None for an empty 202) for a POST body
         if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
             return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
         try:
@@ -806,8 +806,7 @@ class Service(object):
             return (200, error) if path == "/mcp" else (400, {"error": e.code, "message": e.message})
         self.count("receipt_checks")
         return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
-    def mcp(self, msg, session):
-        """One JSON-RPC reply, or None; session: None over HTTP (stateless), a dict for stdio (handshake)."""
+    def mcp(self, msg, session):  # a JSON-RPC reply or None; session None over HTTP, a dict for stdio
         if isinstance(msg, list):
             if session is None or session.get("version") != "2025-03-26" or not msg:
                 return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
@@ -820,14 +819,10 @@ class Service(object):
             return _rpc_error(None, -32600, "Invalid Request: id must be a string or an integer")
         if not isinstance(msg["method"], str): return _rpc_error(msg_id, -32600, "Invalid Request: method")
         if not has_id: return None  # notifications are never answered
-        try:
-            result = self._method(msg["method"], msg.get("params", {}), session)
-            return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+        try: return dict(jsonrpc="2.0", id=msg_id, result=self._method(msg["method"], msg.get("params", {}), session))
         except RequestError as e: return _rpc_error(msg_id, e.code, e.message)
         except Exception: return _rpc_error(msg_id, -32603, "Internal error")
     def _method(self, method, params, session):
-        def need(ok, code, message):
-            if not ok: raise RequestError(code, message)
         need(isinstance(params, dict), -32602, "Invalid params: params must be an object")
         if method == "ping": return {}
         if method == "initialize":
@@ -846,13 +841,11 @@ class Service(object):
         name, args = params.get("name"), params.get("arguments", {})
         need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
         need(name == TOOL["name"], -32602, "Unknown tool")
-        try:
-            result = self.verify(validate_request(args))
+        try: result = self.verify(validate_request(args))
         except RequestError as e:  # a tool execution error, so the model can correct its arguments
             return {"content": [_text("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
         return {"content": [_text(_json_text(result))], "structuredContent": result, "isError": False}
-def serve_stdio(service, inp, out, max_line=4 << 20):
-    """MCP over stdio: newline-delimited JSON-RPC on binary streams, until EOF on inp."""
+def serve_stdio(service, inp, out, max_line=4 << 20):  # MCP over stdio: newline-delimited JSON-RPC until EOF
     session = {}
     for line in iter(lambda: inp.readline(max_line + 1), b""):
         try:
@@ -867,13 +860,13 @@ def serve_stdio(service, inp, out, max_line=4 << 20):
                 out.write(_json_text(reply).encode("utf-8") + b"\n")
                 out.flush()
         except (BrokenPipeError, ValueError): return  # the client has gone
-
 # ---- §8 HTTP server: a selector for idle connections, a fixed worker pool, deadlines, routes, the page -----------
 ROUTES = {"/": "GET", "/healthcheck": "GET", "/spec": "GET", "/rules": "GET", "/stats": "GET",
           "/verify": "POST", "/receipts/verify": "POST", "/mcp": "POST"}
 _ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}
 _SINGLE = {"content-length", "transfer-encoding", "authorization", "origin", "content-type"}  # never repeated
-MAX_HEAD, GRACE = 16384, 0.05  # GRACE: how long a worker waits for the next request before parking a connection
+_PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
+MAX_HEAD, GRACE, LINGER = 16384, 0.05, 2.0  # GRACE: a worker's wait for a next request; LINGER: discarding on close
 _SCRIPT = """var g=function(i){return document.getElementById(i)};g("f").onsubmit=async function(e){e.preventDefault();
 var o=g("out"),b,h={"Content-Type":"application/json"};try{b={claim:g("claim").value,evidence:JSON.parse(g("evidence")
 .value)}}catch(x){o.textContent="evidence is not JSON";return}if(g("kind").value)b.kind=g("kind").value;if(g("tok")
@@ -887,242 +880,258 @@ _EXAMPLE_DIFF = ("diff --git a/src/user.py b/src/user.py\n--- a/src/user.py\n+++
 CSP = "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; base-uri 'none'; " \
       "frame-ancestors 'none'" % tuple("'sha256-%s'" % base64.b64encode(hashlib.sha256(t.encode()).digest()).decode()
                                        for t in (_SCRIPT, _STYLE))
-def render_page():
-    """The HTML page at GET /: what a receipt proves and does not prove, the rules table, a form."""
+def render_page():  # GET /: what a receipt proves and does not, the rules table, a form
     e = html.escape
     rows = "".join("<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
         c, k, _SIGNAL_NAMES[s], e(m)) for c, (k, s, m) in sorted(REASONS.items(), key=lambda i: (i[1][0], i[0])))
     return ("<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content='width=device-width'>"
-            "<title>verify_action.py</title><style>%s</style></head><body><h1>verify_action.py %s</h1>"
-            "<p>Checks whether an AI agent's <b>claim</b> about an action is consistent with the <b>evidence</b> it "
-            "supplies, with deterministic rules (no model), and signs a <b>receipt</b> of what it judged.</p>"
-            "<h2>What a receipt proves</h2><p>%s</p><h2>What it does not prove</h2><p>%s</p>"
-            "<h2>Try it</h2><form id=f><p><label>kind <select id=kind><option value=''>(from the evidence shape)"
-            "</option>%s</select></label></p><p><label>claim<textarea id=claim rows=2>Added a check that "
-            "`user.email` is set in src/user.py</textarea></label></p><p><label>evidence (a JSON object)"
-            "<textarea id=evidence rows=8>%s</textarea></label></p><p><label>bearer token (only if the service "
-            "requires one)<input id=tok type=password autocomplete=off></label></p><p><button>Verify</button></p>"
-            "</form><pre id=out></pre><h2>Verdicts</h2><p>%s %s</p>"
-            "<h2>Rules: the reason codes</h2><table><tr><th>code<th>kind<th>signal<th>meaning</tr>%s"
-            "</table><p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>"
+            "<title>verify_action.py</title><style>%s</style></head><body><h1>verify_action.py %s</h1><p>Checks"
+            " whether an AI agent's <b>claim</b> about an action is consistent with the <b>evidence</b> it supplies,"
+            " with deterministic rules (no model), and signs a <b>receipt</b> of what it judged.</p><h2>What a"
+            " receipt proves</h2><p>%s</p><h2>What it does not prove</h2><p>%s</p><h2>Try it</h2><form id=f><p>"
+            "<label>kind <select id=kind><option value=''>(from the evidence shape)</option>%s</select></label></p>"
+            "<p><label>claim<textarea id=claim rows=2>Added a check that `user.email` is set in"
+            " src/user.py</textarea></label></p><p><label>evidence (a JSON object)<textarea id=evidence rows=8>"
+            "%s</textarea></label></p><p><label>bearer token (only if the service requires one)<input id=tok"
+            " type=password autocomplete=off></label></p><p><button>Verify</button></p></form><pre id=out></pre><h2>"
+            "Verdicts</h2><p>%s %s</p><h2>Rules: the reason codes</h2><table><tr><th>code<th>kind<th>signal<th>"
+            "meaning</tr>%s</table><p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>"
             "<script>%s</script></body></html>") % (
         _STYLE, VERSION, e(PROVES), e(NOT_PROVES), "".join("<option>%s</option>" % k for k in KINDS),
         e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)), e(DECISION), e(CONFIDENCE), rows, _SCRIPT)
-
-class _Conn(object):
-    __slots__ = ("sock", "buf")  # a client socket and the bytes read from it but not yet used
-    def __init__(self, sock): self.sock, self.buf = sock, bytearray()
+class _Conn(object):  # a client connection: the selector thread's, except while a worker answers its request
+    head, watched, done = None, False, False  # a POST head whose body is arriving; selector watching; closing
+    def __init__(self, sock, now): self.sock, self.buf, self.since = sock, bytearray(), now  # since: phase start
 def _is_loopback(host):
-    try:
-        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    try: return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError: return False
-
+def _norm_origin(value):  # an origin in lower case without its scheme's default port (https://x:443 is https://x)
+    v = value.lower() if value else value
+    return v[:-4] if v and v.startswith("https:") and v.endswith(":443") else v[:-3] if v and v.startswith(
+        "http:") and v.endswith(":80") else v
 class Server(object):
-    """HTTP/1.1 keep-alive: a selector thread parks idle connections, a fixed worker pool serves ready ones (no
-    thread per client). queue_wait for a worker -> 503; request unread by read_deadline -> 408; idle_timeout."""
+    """HTTP/1.1 keep-alive without a thread per client. The selector thread accepts, reads heads and bodies without
+    blocking, refuses what a head shows, 408 after read_deadline, 503 after queue_wait, closes idle connections after
+    idle_timeout; a fixed pool of workers gets only whole requests, so a slow client never holds a worker."""
     def __init__(self, service, host="127.0.0.1", port=8092, workers=16, max_body=MAX_BODY, token=None,
                  origins=(), read_deadline=10.0, idle_timeout=15.0, queue_wait=5.0, max_conns=1000):
-        self.__dict__.update(service=service, workers=workers, max_body=max_body, token=token, queue_wait=queue_wait,
-                             read_deadline=read_deadline, idle_timeout=idle_timeout, max_conns=max_conns)
+        self.service, self.workers, self.max_body, self.token = service, workers, max_body, token
+        self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = read_deadline, idle_timeout, \
+            queue_wait, max_conns
         self.sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                          backlog=512)
         self.sock.setblocking(False)
-        self.port = self.sock.getsockname()[1]
-        names = ("127.0.0.1", "localhost", "[::1]") if _is_loopback(host) else ("[%s]" % host if ":" in host else host,)
-        self.origins = {"http://%s:%d" % (h, self.port) for h in names} | set(origins) | {None}  # None: no Origin
+        self.port, loopback = self.sock.getsockname()[1], _is_loopback(host)
+        names = ["127.0.0.1", "localhost", "[::1]"] * (loopback or host in ("0.0.0.0", "::"))  # the form on /
+        names += [] if loopback else ["[%s]" % host if ":" in host else host]
+        self.origins = {_norm_origin(o) for o in ["http://%s:%d" % (h, self.port) for h in names] + list(origins)}
+        self.origins.add(None)  # no Origin header: not a browser
         self._sel, (self._wake_r, self._wake_w) = selectors.DefaultSelector(), socket.socketpair()
-        self._ready, self._returned, self._parked = collections.deque(), collections.deque(), {}
-        self._cv, self._open_lock, self._open, self._stop = threading.Condition(), threading.Lock(), 0, False
+        self._ready, self._returned, self._cv = collections.deque(), collections.deque(), threading.Condition()
+        self._open, self._stop = 0, False
         self._docs = {"/": render_page().encode("utf-8"), "/spec": _json_text(spec_document()).encode("utf-8"),
                       "/rules": _json_text(rules_document()).encode("utf-8")}
-    def serve_forever(self):
-        """Run until shutdown(): the calling thread becomes the selector thread."""
-        for i in range(self.workers):
-            threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
+    def serve_forever(self):  # until shutdown(): this thread becomes the selector thread
+        for i in range(self.workers): threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
+        self._wake_r.setblocking(False)
         self._sel.register(self.sock, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._wake_r.setblocking(False)
-        last_sweep = time.monotonic()
+        swept = time.monotonic()
         while not self._stop:
             for key, _ in self._sel.select(0.25):
                 if key.data == "accept": self._accept()
-                elif key.data == "wake":  # workers hand back keep-alive connections to watch
+                elif key.data == "wake":  # workers hand back the connections whose requests they answered
                     self._wake_r.recv(65536)
-                    while self._returned: self._park(self._returned.popleft())
-                else:  # a parked connection has data: hand it to a worker
-                    self._sel.unregister(key.fileobj)
-                    del self._parked[key.data]
-                    with self._cv:
-                        self._ready.append((key.data, time.monotonic()))
-                        self._cv.notify()
-            now = time.monotonic()
-            if now - last_sweep > 0.25:
-                last_sweep = now
-                for conn in [c for c, since in self._parked.items() if now - since > self.idle_timeout]:
-                    self._sel.unregister(conn.sock)
-                    self._finish(conn, parked=True)
-                with self._cv:  # connections no worker could take in time get 503
-                    while self._ready and now - self._ready[0][1] > self.queue_wait:
-                        self._finish(self._ready.popleft()[0], self._error(503, "service_unavailable", "busy; retry"))
-        for conn in list(self._parked): self._finish(conn, parked=True)
+                    while self._returned: self._advance(self._returned.popleft(), resumed=True)
+                else: self._receive(key.data)
+            if time.monotonic() - swept >= 0.25:
+                swept = time.monotonic()
+                self._sweep(swept)
+        conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]
+        for s in (self._sel, self.sock, self._wake_r, self._wake_w): s.close()  # a worker still busy closes its own
         with self._cv:
-            self._ready.extend((None, 0) for _ in range(self.workers))
+            conns += [r[0] for r in self._ready]
+            self._ready.extend((None, None, 0) for _ in range(self.workers))
             self._cv.notify_all()
-        for s in (self._sel, self.sock, self._wake_r, self._wake_w): s.close()
-    def shutdown(self):
-        """Stop serve_forever (from another thread)."""
-        self._stop = True
+        for conn in conns + list(self._returned): conn.sock.close()
+    def shutdown(self):  # stop serve_forever (from another thread); the selector closes the wake socket after _stop
         self._wake_w.send(b"x")
+        self._stop = True
     def _accept(self):
         while True:
-            try:
-                s = self.sock.accept()[0]
-            except OSError: return  # BlockingIOError: no more pending connections
-            s.setblocking(True)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._open_lock:
-                self._open += 1
-                full = self._open > self.max_conns
-            if full: self._finish(_Conn(s), self._error(503, "service_unavailable", "too many open connections"))
-            else: self._park(_Conn(s))
-    def _park(self, conn):
-        self._parked[conn] = time.monotonic()
-        self._sel.register(conn.sock, selectors.EVENT_READ, conn)
-    def _finish(self, conn, data=b"", linger=0.0, parked=False):
-        """Send data, then close without a reset: discard input until the client is quiet (linger 0: no wait)."""
-        s, end = conn.sock, time.monotonic() + linger
-        if parked: del self._parked[conn]
-        try:
-            s.settimeout(5.0)
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-            s.settimeout(0.2 if linger else 0.0)
-            while s.recv(65536) and time.monotonic() < end: pass
-        except OSError: pass
-        with self._open_lock: self._open -= 1
-        s.close()
+            try: sock = self.sock.accept()[0]
+            except BlockingIOError: return
+            except OSError: return self._sel.unregister(self.sock)  # no descriptor left (EMFILE): pause, do not spin
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn, self._open = _Conn(sock, time.monotonic()), self._open + 1
+            if self._open > self.max_conns: self._refuse(conn, "service_unavailable", "too many connections", 503)
+            self._advance(conn)
+    def _sweep(self, now):  # deadlines: 408, 503, idle and lingering ends; accepting resumes
+        if self.sock not in self._sel.get_map(): self._sel.register(self.sock, selectors.EVENT_READ, "accept")
+        for conn in [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]:
+            age, reading = now - conn.since, conn.buf or conn.head
+            if conn.done and age > LINGER or not reading and age > self.idle_timeout: self._close(conn)
+            elif reading and not conn.done and age > self.read_deadline:
+                self._refuse(conn, "request_timeout", "not received in %gs" % self.read_deadline, 408, advance=True)
+        with self._cv:
+            late = [self._ready.popleft()[0] for _ in range(sum(now - r[2] > self.queue_wait for r in self._ready))]
+        for conn in late: self._refuse(conn, "service_unavailable", "busy; retry", 503, advance=True)
+    def _watch(self, conn, on):  # have the selector watch conn for input, or stop
+        if on and not conn.watched: self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+        elif conn.watched and not on: self._sel.unregister(conn.sock)
+        conn.watched = on
+    def _close(self, conn):
+        self._watch(conn, False)
+        conn.sock.close()
+        self._open -= 1
+    def _receive(self, conn):  # part of a request, or input to discard while closing
+        try: data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError): return
+        except OSError: data = None  # reset by the peer
+        if data and conn.done: return
+        if not data and (conn.done or data is None or not (conn.buf or conn.head)): return self._close(conn)
+        if not data:  # half-closed inside a request: say so before closing
+            return self._refuse(conn, "truncated_body" if conn.head else "truncated_request",
+                                "the connection closed inside the request", advance=True)
+        conn.since = time.monotonic() if not conn.buf and conn.head is None else conn.since  # a request starts
+        conn.buf += data
+        self._advance(conn)
+    def _advance(self, conn, resumed=False):  # queue conn's whole request, refuse it, or wait (or linger)
+        conn.since = time.monotonic() if resumed and conn.head is None else conn.since
+        if not conn.done:
+            try: req = self._parse(conn)
+            except RequestError as e: req = self._refuse(conn, e.code, e.message, e.status, e.headers)
+            if req is not None:
+                self._watch(conn, False)
+                with self._cv:
+                    self._ready.append((conn, req, time.monotonic()))
+                    self._cv.notify()
+                return
+        self._watch(conn, True)
     def _work(self):
         while True:
             with self._cv:
                 while not self._ready: self._cv.wait()
-                conn = self._ready.popleft()[0]
+                conn, req, _ = self._ready.popleft()
             if conn is None: return
-            if self._serve(conn):
-                self._returned.append(conn)
-                try:
-                    self._wake_w.send(b"x")
-                except OSError: self._finish(conn)  # shut down meanwhile
-    def _error(self, status, code, message, headers=(), head_only=False):
+            while req is not None:
+                data, close = self._reply(*req)
+                try:  # a client that does not read holds this worker at most read_deadline
+                    conn.sock.settimeout(self.read_deadline)
+                    conn.sock.sendall(data)
+                except OSError: close = True
+                req = self._linger(conn) if close else self._next(conn)
+            conn.sock.setblocking(False)
+            self._returned.append(conn)
+            try: self._wake_w.send(b"x")
+            except OSError: conn.sock.close()  # shut down meanwhile
+    def _next(self, conn):  # keep-alive fast path when quiet: a whole request within GRACE stays here
+        if self._ready or self._open > 2: return None
+        try:
+            if not conn.buf:
+                conn.sock.settimeout(GRACE)
+                data = conn.sock.recv(65536)
+                conn.buf, conn.since = conn.buf + data, time.monotonic()
+                if not data: return self._linger(conn)  # the client has gone
+            return self._parse(conn)
+        except RequestError as e: self._refuse(conn, e.code, e.message, e.status, e.headers)
+        except OSError: pass  # nothing came within GRACE (socket.timeout)
+    def _linger(self, conn):  # after the last response: discard input until the client closes, so it is not reset
+        conn.done, conn.since, conn.buf, conn.head = True, time.monotonic(), bytearray(), None
+        try: conn.sock.shutdown(socket.SHUT_WR)
+        except OSError: pass
+    def _refuse(self, conn, code, message, status=400, headers=(), advance=False):
+        """Answer an error and close, as the input is no longer in step: one small send, then linger."""
+        self.service.count("errors_by_status", str(status))
         body = _json_text({"error": code, "message": message}).encode("utf-8")
-        return self._response(status, body, True, "application/json", headers, head_only)
-    def _response(self, status, body, close, ctype="application/json", extra=(), head_only=False):
-        lines = ["HTTP/1.1 %d %s" % (status, http.HTTPStatus(status).phrase)]
+        head_only = conn.head is not None and conn.head[0] == "HEAD"
+        try: conn.sock.send(self._response(status, body, True, "application/json", headers, head_only))
+        except OSError: pass  # the client is not reading: nothing more can be said
+        self._linger(conn)
+        if advance: self._advance(conn)
+    def _response(self, status, body, close, ctype="application/json", extra=(), head_only=False, keep10=False):
+        lines = ["HTTP/1.1 %d %s" % (status, _PHRASES[status]), "Cache-Control: no-store", "X-Content-Type-Options: "
+                 "nosniff"] + ["Connection: close"] * close + ["Connection: keep-alive"] * keep10
         lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)] if status != 204 else []
-        lines += ["Cache-Control: no-store", "X-Content-Type-Options: nosniff"] + ["Connection: close"] * close
         head = ("\r\n".join(lines + ["%s: %s" % h for h in extra]) + "\r\n\r\n").encode("latin-1")
         return head if head_only or status == 204 else head + body
-    def _serve(self, conn):
-        """Serve requests on one connection while they keep coming; True means park it again."""
-        wait = self.read_deadline  # the selector saw data: the first request is already arriving
-        while True:
-            head_only = False
-            try:
-                req = self._read_head(conn, wait)
-                if req is None: return True if not self._stop else self._finish(conn)  # quiet: park it
-                head_only = req[0] == "HEAD"
-                status, extra, ctype, body, close = self._handle(conn, *req)
-                data = self._response(status, body, close, ctype, extra, head_only)
-            except ConnectionError: return self._finish(conn)  # the peer has gone: nothing more can be said
-            except RequestError as e:
-                status, close, data = e.status, True, self._error(e.status, e.code, e.message, e.headers, head_only)
-            except Exception:  # a bug must still answer, never drop the connection or print a traceback
-                status, close, data = 500, True, self._error(500, "internal_error", "the request could not be handled")
-            if status >= 400: self.service.count("errors_by_status", str(status))
-            if close: return self._finish(conn, data, linger=2.0)
-            try:
-                conn.sock.settimeout(self.read_deadline)
-                conn.sock.sendall(data)
-            except OSError: return self._finish(conn)
-            if not conn.buf and (self._ready or self._open > 2): return True  # busy: queue in arrival order
-            wait = GRACE
-    def _recv(self, conn, timeout):
-        try:
-            conn.sock.settimeout(max(timeout, 0.001))
-            data = conn.sock.recv(65536)
-        except socket.timeout: raise RequestError("request_timeout", "not received in %gs" % self.read_deadline, 408)
-        except OSError: raise ConnectionError()
-        conn.buf += data
-        return data
-    def _read_head(self, conn, wait):
-        """Read and parse one request head; None when no byte arrives within wait."""
-        if not conn.buf:
-            try:
-                if not self._recv(conn, wait): raise ConnectionError()
-            except RequestError: return None
-        deadline = time.monotonic() + self.read_deadline
-        while True:
-            i, j = conn.buf.find(b"\n\r\n"), conn.buf.find(b"\n\n")
-            end = -1 if i < 0 and j < 0 else i + 3 if j < 0 or 0 <= i < j else j + 2
-            if (end if end >= 0 else len(conn.buf)) > MAX_HEAD:  # a body may follow a short head in buf
-                raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
-            if end >= 0: break
-            if not self._recv(conn, deadline - time.monotonic()):
-                raise RequestError("truncated_request", "the connection closed inside the request head")
-        lines = bytes(conn.buf[:end]).decode("latin-1").split("\n")
-        del conn.buf[:end]
-        method, _, rest = lines[0].rstrip("\r").partition(" ")
-        target, _, version = rest.partition(" ")
-        if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*") and version and " " not in version):
-            raise RequestError("bad_request_line", "malformed request line")
-        if version not in ("HTTP/1.1", "HTTP/1.0"): raise RequestError("unsupported_http_version", "use HTTP/1.1")
-        headers = {}
-        for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
-            name, sep, value = line.partition(":")
-            name = name.lower()
-            if not sep or name != name.strip() or not name or len(headers) > 99 or name in headers.keys() & _SINGLE:
-                raise RequestError("bad_header", "a malformed, folded or repeated header line")
-            headers[name] = headers[name] + ", " + value.strip() if name in headers else value.strip()
-        keep = headers.get("connection", "").lower()
-        keep = "close" not in keep if version == "HTTP/1.1" else "keep-alive" in keep
-        return method, target.split("?", 1)[0], headers, keep, deadline
-    def _handle(self, conn, method, path, headers, keep, deadline):
-        """Route one request; returns (status, extra headers, content type, body, close)."""
+    def _reply(self, method, path, headers, keep, version, body):  # (the response to a whole request, close?)
         close = not keep or "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", "")
+        extra, ctype, status = [], "application/json", 200
+        try:
+            if method == "OPTIONS": status, extra, data = 204, [("Allow", _ALLOW[ROUTES.get(path, "*")])], b""
+            elif path == "/":
+                ctype, data = "text/html; charset=utf-8", self._docs[path]
+                extra = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")]
+            elif method != "POST": data = self._docs.get(path) or _json_text({"status": "ok", "version": VERSION}
+                                                  if path == "/healthcheck" else self.service.stats()).encode()
+            else:
+                (status, obj), close = self.service.post(path, body, headers), not keep
+                data = b"" if obj is None else _json_text(obj).encode("utf-8")
+        except Exception:  # a bug must still answer, never drop the connection or print a traceback
+            status, close, data = 500, True, b'{"error":"internal_error","message":"the request could not be handled"}'
+        if status >= 400: self.service.count("errors_by_status", str(status))
+        keep10 = keep and not close and version == "HTTP/1.0"
+        return self._response(status, data, close, ctype, extra, method == "HEAD", keep10), close
+    def _parse(self, conn):  # the next whole request in conn.buf, None until complete; refusals from the head
+        buf = conn.buf
+        if conn.head is None:
+            if buf[:1] in (b"\r", b"\n"): del buf[:len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: empty lines
+            i, j = buf.find(b"\n\r\n"), buf.find(b"\n\n")
+            end = -1 if i < 0 and j < 0 else i + 3 if j < 0 or 0 <= i < j else j + 2
+            if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
+                raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
+            if end < 0: return None
+            lines = bytes(buf[:end]).decode("latin-1").split("\n")
+            del buf[:end]
+            method, _, rest = lines[0].rstrip("\r").partition(" ")
+            target, _, version = rest.partition(" ")
+            if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*")):
+                raise RequestError("bad_request_line", "malformed request line")
+            if version not in ("HTTP/1.1", "HTTP/1.0"): raise RequestError("unsupported_http_version", "use HTTP/1.1")
+            headers = {}
+            for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
+                name, sep, value = line.partition(":")
+                name = name.lower()
+                if not sep or name != name.strip() or not name or len(headers) > 99 or name in headers.keys() & _SINGLE:
+                    raise RequestError("bad_header", "a malformed, folded or repeated header line")
+                headers[name] = headers[name] + ", " + value.strip() if name in headers else value.strip()
+            keep, path = headers.get("connection", "").lower(), target.split("?", 1)[0]
+            keep = "close" not in keep if version == "HTTP/1.1" else "keep-alive" in keep
+            conn.head = (method,)  # so that a refusal of a HEAD request has no body
+            conn.head = (method, path, headers, keep, version, self._check(conn, method, path, headers))
+        n = conn.head[5]
+        if len(buf) < n: return None
+        head, conn.head, body = conn.head, None, bytes(buf[:n])
+        del buf[:n]
+        return head[:5] + (body,)
+    def _check(self, conn, method, path, headers):  # head refusals (404 405 411 400 413 403 401 415) or the body length
         route = "*" if path == "*" and method == "OPTIONS" else ROUTES.get(path)
         if route is None: raise RequestError("not_found", "no such path; see GET /spec", 404)
-        allow = [("Allow", _ALLOW[route])]
-        if method == "OPTIONS": return 204, allow, "", b"", close
-        if method not in _ALLOW[route].split(", "): raise RequestError("method_not_allowed", "see Allow", 405, allow)
-        if path == "/":
-            page = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")]
-            return 200, page, "text/html; charset=utf-8", self._docs[path], close
-        if route == "GET":
-            return 200, [], "application/json", self._docs.get(path) or _json_text({"status": "ok", "version": VERSION}
-                                                  if path == "/healthcheck" else self.service.stats()).encode(), close
+        if method not in _ALLOW[route].split(", "):
+            raise RequestError("method_not_allowed", "see Allow", 405, [("Allow", _ALLOW[route])])
         length = headers.get("content-length")
+        if method != "POST": return 0
         if "transfer-encoding" in headers or length is None:
             raise RequestError("length_required", "send the body with Content-Length (chunked is not accepted)", 411)
         if not (length.isascii() and length.isdigit() and len(length) <= 15):
             raise RequestError("bad_content_length", "Content-Length must be a decimal number")
         if int(length) > self.max_body: raise RequestError("body_too_large", "over %d bytes" % self.max_body, 413)
-        if headers.get("origin") not in self.origins:  # DNS-rebinding protection
+        if _norm_origin(headers.get("origin")) not in self.origins:  # DNS-rebinding protection
             raise RequestError("forbidden_origin", "this Origin is not allowed (see --allow-origin)", 403)
         scheme, _, given = headers.get("authorization", "").partition(" ")
         if self.token is not None and not (scheme.lower() == "bearer" and hmac.compare_digest(
                 given.strip().encode("latin-1"), self.token)):
             raise RequestError("unauthorized", "a bearer token is required", 401, [("WWW-Authenticate", "Bearer")])
-        if headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-            raise RequestError("unsupported_media_type", "Content-Type must be application/json", 415)
-        if headers.get("expect", "").lower() == "100-continue": conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        n = int(length)
-        while len(conn.buf) < n:
-            if not self._recv(conn, deadline - time.monotonic()):
-                raise RequestError("truncated_body", "the connection closed before Content-Length bytes came")
-        body = bytes(conn.buf[:n])
-        del conn.buf[:n]
-        status, obj = self.service.post(path, body, headers)
-        return status, [], "application/json", b"" if obj is None else _json_text(obj).encode("utf-8"), not keep
-
+        mime, *params = headers.get("content-type", "").lower().split(";")
+        charsets = {v.strip().strip('"') for k, _, v in (p.partition("=") for p in params) if k.strip() == "charset"}
+        if mime.strip() != "application/json" or not charsets <= {"utf-8", "utf8"}:
+            raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
+        if headers.get("expect", "").lower() == "100-continue" and len(conn.buf) < int(length):
+            try: conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError: pass
+        return int(length)
 # ---- §9 Command line ---------------------------------------------------------------------------------------------
 def _origin(value):
     parts = urllib.parse.urlsplit(value)
@@ -1132,26 +1141,21 @@ def _origin(value):
 def _fail(message):
     sys.stderr.write("verify_action.py: error: %s\n" % message)
     return 2
-def _receipt_command(argv):
-    """keygen --key-file F | verify-receipt FILE --key-file F (a bare receipt or a whole /verify response)."""
+def _receipt_command(argv):  # keygen --key-file F | verify-receipt FILE --key-file F
     p = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
     if argv[0] == "verify-receipt": p.add_argument("file")
     p.add_argument("--key-file", required=True)
     a = p.parse_args(argv[1:])
     try:
-        if argv[0] == "keygen":
-            print(keygen(a.key_file))  # the new kid
-            return 0
+        if argv[0] == "keygen": return print(keygen(a.key_file)) or 0  # prints the new kid
         ring = load_keyring(a.key_file)
-        with open(a.file, "rb") as f:
-            doc = strict_loads(f.read(MAX_BODY + 1))
+        with open(a.file, "rb") as f: doc = strict_loads(f.read(MAX_BODY + 1))
     except (OSError, ValueError) as e: return _fail(getattr(e, "message", None) or e)
     doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
     valid, reason, kid = verify_receipt(doc, ring)
     print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
     return 0 if valid else 1
-def main(argv=None):
-    """Command-line entry point; returns the exit status."""
+def main(argv=None):  # the command line; returns the exit status
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["keygen"], ["verify-receipt"]): return _receipt_command(argv)
     p = argparse.ArgumentParser(prog="verify_action.py", description=__doc__.split("\n\n")[0])
@@ -1179,8 +1183,7 @@ def main(argv=None):
         out, sys.stdout = sys.stdout.buffer, sys.stderr  # a stray print must never corrupt the protocol stream
         serve_stdio(service, sys.stdin.buffer, out)
         return 0
-    try:
-        server = Server(service, a.host, a.port, a.workers, a.max_body, token, a.allow_origin)
+    try: server = Server(service, a.host, a.port, a.workers, a.max_body, token, a.allow_origin)
     except OSError as e: return _fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
     if not _is_loopback(a.host) and token is None:
         sys.stderr.write("verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
@@ -1190,9 +1193,7 @@ def main(argv=None):
     sys.stderr.flush()
     server.serve_forever()
     return 0
-
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
+    try: sys.exit(main())
     except KeyboardInterrupt:  # Ctrl-C ends the service quietly
         sys.exit(0)
