@@ -203,6 +203,18 @@ class CanonicalJson(unittest.TestCase):
         self.assertRaises(ValueError, va.canonical_json, float("nan"))
 
 
+    def test_large_values_are_exact_on_the_fast_path(self):
+        # from 4 KiB up canonical_json takes json.dumps (in C) when that is exact, else the ECMAScript path
+        big = {"k%d" % i: [i, "s\u00e9\U0001f600\u2028", None, True, {"b": "x", "a": -i}] for i in range(300)}
+        for v in (big, dict(big, f=5.0, h=1e-7), dict(big, g=2 ** 60), dict(big, n=2 ** 53 - 1), dict(big, e=1e21),
+                  dict(big, **{"\ue000": 1, "\U0001f600": 2}), dict(big, s="1.5e300 9999999999999999")):
+            self.assertGreater(len(va.canonical_json(v)), 4096)
+            self.assertEqual(va.canonical_json(v).decode("utf-8"), ref_jcs(v))
+        req = {"claim": "x", "evidence": big, "caller_context": {"a": 1.5}, "kind": "generic"}
+        rec = SERVICE.verify(va.validate_request(req))["receipt"]
+        self.assertEqual((rec["evidence_manifest_hash"], rec["request_hash"]), (ref_sha(big), ref_sha(req)))
+
+
 class Decision(unittest.TestCase):
     def test_fixed_rule_and_confidence(self):
         d = va.decide
