@@ -649,16 +649,11 @@ def _text_field(value, line, field, file=RECORDS):
     return value
 
 
-def _time_field(value, line, field, file=RECORDS, cache=None):
-    if cache is not None and type(value) is str and value in cache:
-        return cache[value]                   # records repeat the same few dates
+def _time_field(value, line, field, file=RECORDS):
     try:
-        instant = parse_utc(value)
+        return parse_utc(value)
     except ValueError as e:
         raise PackError(str(e), file, line, field) from None
-    if cache is not None:
-        cache[value] = instant
-    return instant
 
 
 def _int_field(value, line, field, minimum, file=RECORDS):
@@ -673,8 +668,11 @@ _RECORD_KEYS, _CITATION_KEYS = frozenset(RECORD_FIELDS), frozenset(CITATION_FIEL
 
 
 def _cached_time(value, line, field, times):
+    """A record date -> instant; records repeat the same few dates, so each string is parsed once."""
     instant = times.get(value) if type(value) is str else None
-    return _time_field(value, line, field, RECORDS, times) if instant is None else instant
+    if instant is None:
+        instant = times[value] = _time_field(value, line, field)
+    return instant
 
 
 def check_record(record, line, times):
