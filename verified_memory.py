@@ -433,7 +433,8 @@ def verify_sshsig(armored, message):
             raise refuse("reserved field is not empty")
         hash_algorithm = wire.string()
         if hash_algorithm != b"sha512":
-            raise refuse("hash algorithm is %r; only sha512 is accepted" % hash_algorithm.decode("ascii", "replace")[:32])
+            shown = hash_algorithm.decode("ascii", "replace")[:32]
+            raise refuse("hash algorithm is %r; only sha512 is accepted" % shown)
         signature_blob = wire.string()
         if wire.rest():
             raise refuse("blob has %d bytes of trailing data" % wire.rest())
@@ -953,28 +954,63 @@ def decide(pack, policy, now_ns):
 # §6 Reading a pack from disk (I/O) and the frozen snapshot
 # ============================================================================
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# Where the OS has O_NOFOLLOW, O_DIRECTORY and the *at() calls (Linux, macOS, BSD), pack files are opened
+# relative to the opened folder and never through a link or into a FIFO. Elsewhere (Windows) they are opened
+# by path after lstat refuses links and junctions (the reparse-point attribute). Both ways the open handle
+# must be the very file the listing showed (same st_dev and st_ino), so a swap between the two is refused.
+_DIR_RELATIVE = (all(hasattr(os, name) for name in ("O_NOFOLLOW", "O_NONBLOCK", "O_DIRECTORY"))
+                 and os.lstat in os.supports_dir_fd and os.listdir in os.supports_fd)
+# O_BINARY: Windows opens in text mode by default, which would rewrite line endings and stop at Ctrl-Z.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+FILE_ATTRIBUTE_REPARSE_POINT = 0x400          # stat.FILE_ATTRIBUTE_REPARSE_POINT, defined only on Windows
+
+
+def plain_absolute_path(path, flag, paths=os.path):
+    r"""`path` as given for `flag` -> the path to use; PackError unless it is absolute and plain.
+
+    Plain means no trailing separator, '.' or '..', any of which could lead through a linked folder.
+    On Windows a path needs its drive (C:\, \\server\share or \\?\C:\), and / reads as \.
+    `paths` is posixpath or ntpath, passed in so both rules are testable on any OS.
+    """
+    native = path.replace(paths.altsep, paths.sep) if paths.altsep else path
+    if not paths.isabs(native) or paths.sep == "\\" and not paths.splitdrive(native)[0]:
+        raise PackError("%s must be an absolute path, got %r" % (flag, path))
+    if paths.normpath(native) != native:
+        raise PackError("%s must be a plain absolute path (no trailing slash, '.' or '..'), got %r" % (flag, path))
+    return native
 
 
 def _identity(st):
     return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino)
 
 
-def read_regular_file(name, limit, label, dir_fd=None):
-    """Read a regular file (never a symlink, FIFO or device) with a size bound -> (bytes, fstat).
+def _link_kind(st):
+    """'a symlink', 'a junction or other reparse point' (Windows), or None for anything else."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if getattr(st, "st_file_attributes", 0) & FILE_ATTRIBUTE_REPARSE_POINT:
+        return "a junction or other reparse point"
+    return None
 
-    The size is checked before opening, the open refuses symlinks, and the
-    bytes returned are exactly the bytes the fstat describes.
+
+def read_regular_file(name, limit, label, dir_fd=None):
+    """Read a regular file (never a link, junction, FIFO or device) with a size bound -> (bytes, fstat).
+
+    The size is checked before opening, the open refuses links where the OS
+    can, the handle must be the file that lstat saw, and the bytes returned
+    are exactly the bytes the fstat describes.
     """
     try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if stat.S_ISLNK(st.st_mode):
-            raise PackError("is a symlink; only regular files are read", label)
+        st = os.lstat(name, dir_fd=dir_fd)
+        link = _link_kind(st)
+        if link:
+            raise PackError("is %s; only regular files are read" % link, label)
         if not stat.S_ISREG(st.st_mode):
             raise PackError("is not a regular file", label)
         if st.st_size > limit:
             raise PackError("is %d bytes; the limit is %d" % (st.st_size, limit), label)
-        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+        flags = _READ_FLAGS | (os.O_NOFOLLOW | os.O_NONBLOCK if _DIR_RELATIVE else 0)
+        fd = os.open(name, flags, dir_fd=dir_fd)
         try:
             fst = os.fstat(fd)
             if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
@@ -1001,34 +1037,38 @@ def read_regular_file(name, limit, label, dir_fd=None):
 def read_pack(root):
     """Read the pack folder safely -> ({name: bytes}, disk state as verified).
 
-    The root and every entry must be real (not symlinked) directories and
+    The root and every entry must be real (not linked) directories and
     files. Unexpected entries are refused from the listing alone, before any
     file is opened, so a flood of extra files costs one directory read.
     """
-    if not os.path.isabs(root):
-        raise PackError("--pack must be an absolute path, got %r" % root)
-    if os.path.normpath(root) != root:      # "link/" or "link/." would follow a symlinked folder
-        raise PackError("--pack must be a plain absolute path (no trailing slash, '.' or '..'), got %r" % root)
+    root = plain_absolute_path(root, "--pack")
+    dir_fd = None
     try:
         st = os.lstat(root)
-        if stat.S_ISLNK(st.st_mode):
-            raise PackError("pack folder %s is a symlink; give the real folder" % root)
+        link = _link_kind(st)
+        if link:
+            raise PackError("pack folder %s is %s; give the real folder" % (root, link))
         if not stat.S_ISDIR(st.st_mode):
             raise PackError("pack folder %s is not a directory" % root)
-        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        if _DIR_RELATIVE:
+            dir_fd = os.open(root, _READ_FLAGS | os.O_DIRECTORY | os.O_NOFOLLOW)
+            st = os.fstat(dir_fd)
+        names = os.listdir(root if dir_fd is None else dir_fd)
     except OSError as e:
+        if dir_fd is not None:
+            os.close(dir_fd)
         raise PackError("pack folder %s cannot be opened: %s" % (root, e.strerror or e)) from None
     try:
-        root_stat = os.fstat(dir_fd)
-        names = os.listdir(dir_fd)
         check_inventory(names)
         files, entries = {}, []
         for name in sorted(names):
-            files[name], fst = read_regular_file(name, FILE_LIMITS[name], name, dir_fd)
+            path = name if dir_fd is not None else os.path.join(root, name)
+            files[name], fst = read_regular_file(path, FILE_LIMITS[name], name, dir_fd)
             entries.append((name, _identity(fst)))
     finally:
-        os.close(dir_fd)
-    return files, (_identity(root_stat), tuple(entries))
+        if dir_fd is not None:
+            os.close(dir_fd)
+    return files, (_identity(st), tuple(entries))
 
 
 def disk_state(root):
@@ -1629,8 +1669,15 @@ def build_pack_files(messages_data, records_data, title, description, input_name
     return files
 
 
+_WRITE_NEW_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                    | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
+# POSIX rename() replaces an empty folder, so publish_pack claims the name with mkdir first; Windows
+# rename never replaces anything, so there the rename is itself the claim.
+_RENAME_REPLACES_EMPTY_FOLDER = os.name != "nt"
+
+
 def _write_new(path, data):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, _WRITE_NEW_FLAGS, 0o644)
     try:
         view = memoryview(data)
         while view:
@@ -1660,11 +1707,12 @@ def publish_pack(files, out, finish):
             _write_new(os.path.join(staging, name), files[name])
         finish(staging)
         try:
-            os.mkdir(out, 0o755)
+            if _RENAME_REPLACES_EMPTY_FOLDER:
+                os.mkdir(out, 0o755)
+                claimed = True
+            os.rename(staging, out)
         except FileExistsError:
             raise PackError("%s appeared while the pack was being built; nothing was written" % out) from None
-        claimed = True
-        os.rename(staging, out)
     except BaseException:
         for name in os.listdir(staging) if os.path.isdir(staging) else ():
             os.unlink(os.path.join(staging, name))
@@ -1673,11 +1721,12 @@ def publish_pack(files, out, finish):
         if claimed and not os.listdir(out):
             os.rmdir(out)
         raise
-    dir_fd = os.open(parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    if os.name != "nt":                       # Windows cannot open a folder; NTFS journals the rename itself
+        dir_fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     return out
 
 
@@ -1697,7 +1746,7 @@ def build_command(options):
     out = publish_pack(files, options["--out"], lambda staging: load_pack(staging, TrustPolicy(), time.time_ns()))
     print("built %s: %d records, SHA256SUMS %s" % (out, files[RECORDS].count(b"\n"),
                                                    hashlib.sha256(files[MANIFEST]).hexdigest()))
-    print("serve it with: python3 %s --pack %s" % (os.path.abspath(__file__), out))
+    print("serve it with: %s %s --pack %s" % (PYTHON_COMMAND, os.path.abspath(__file__), out))
     return 0
 
 
@@ -1756,7 +1805,8 @@ def sign_command(options):
             done = subprocess.run(["ssh-keygen", "-Y", "sign", "-f", key, "-n", NAMESPACE.decode(),
                                    os.path.join(staging, MANIFEST)], stdout=subprocess.DEVNULL)
         except OSError as e:
-            raise PackError("cannot run ssh-keygen (OpenSSH 8.1 or later is needed): %s" % e) from None
+            raise PackError("cannot run ssh-keygen (OpenSSH 8.1 or later is needed; on Windows, the OpenSSH "
+                            "Client feature): %s" % e) from None
         if done.returncode != 0:
             raise PackError("ssh-keygen -Y sign failed (exit %d): wrong passphrase, no terminal or agent, or an "
                             "unreadable key; nothing was written" % done.returncode)
@@ -1788,6 +1838,7 @@ Trust flags (serve, check, search, get), also as --flag=value:
 An empty value, or one starting with ${, turns a setting off. Paths must be absolute.
 Without --pack, a checkout serves the examples/pack folder beside this file.
 --help shows this text; --version the version."""
+PYTHON_COMMAND = "python" if os.name == "nt" else "python3"     # what a python.org install puts on PATH
 TRUST_FLAGS = {"--trusted-keys": "value", "--trusted-fingerprint": "list", "--revoked-keys": "value",
                "--min-sequence": "value", "--require-signature": "bool", "--strict": "bool"}
 SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "value"})
@@ -1883,7 +1934,7 @@ def policy_from_options(options):
 def pack_root(options):
     """--pack, or in a checkout the examples/pack folder beside this file."""
     if options.get("--pack"):
-        return options["--pack"]
+        return plain_absolute_path(options["--pack"], "--pack")
     example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples", "pack")
     if os.path.isdir(example):
         return example
@@ -1891,7 +1942,10 @@ def pack_root(options):
 
 
 def _print_json(obj):
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
+    """Print JSON as UTF-8 with LF, whatever the console code page or the OS's line ending."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(json.dumps(obj, ensure_ascii=False, indent=2).encode("utf-8") + b"\n")
+    sys.stdout.buffer.flush()
 
 
 def main(argv=None):
@@ -1937,10 +1991,10 @@ def main(argv=None):
     out = sys.stdout.buffer
     sys.stdout = sys.stderr                   # a stray print must never corrupt the protocol stream
     if sys.stdin.isatty():
+        search_command = "%s %s search --pack %s QUERY" % (PYTHON_COMMAND, os.path.abspath(__file__), snapshot.root)
         print("verified-memory: serving %s (%d records) over MCP stdio, waiting for an MCP client on stdin. "
-              "This is not an interactive prompt; to search from a terminal run: python3 %s search --pack %s "
-              "QUERY" % (snapshot.root, snapshot.pack["records"], os.path.abspath(__file__), snapshot.root),
-              file=sys.stderr)
+              "This is not an interactive prompt; to search from a terminal run: %s"
+              % (snapshot.root, snapshot.pack["records"], search_command), file=sys.stderr)
     return serve(snapshot, sys.stdin.buffer, out)
 
 
