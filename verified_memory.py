@@ -13,6 +13,7 @@ snapshot: verified_memory_search and verified_memory_get.
   verified_memory.py get    --pack /abs/pack [trust flags] RECORD_ID
   verified_memory.py build  --messages M.jsonl --records R.jsonl --out DIR --title T [--description D]
   verified_memory.py sign   --pack DIR --key KEY --expires 90d|TIME [--sequence N] --out DIR
+  verified_memory.py dist   --out DIR [--registry-name io.github.OWNER/NAME --release-url URL] [--pypi-name N]
 
 Security model in five lines: nothing is served unless the whole pack verifies;
 only a key the host lists or pins makes a signature count, and a pin beats any
@@ -1823,7 +1824,238 @@ def sign_command(options):
 
 
 # ============================================================================
-# §10 Command line
+# §11 Release artifacts (dev-time): a Claude Desktop bundle, a wheel, an MCP Registry entry
+# ============================================================================
+# Both archives are reproducible by construction: entries in a fixed order, stored (not deflated, so no zlib
+# build can change a byte), dated 1980-01-01, mode 0644 and marked as made on Unix on every platform. Anyone
+# can rebuild a release from the same file and flags and compare SHA-256 digests.
+
+SUMMARY = "Serves a verified, optionally signed memory pack to AI agents over MCP: read-only and offline"
+LONG_DESCRIPTION = (
+    "Verified Memory gives Claude read-only tools over one memory pack: a folder of records that cite exact "
+    "quotes from source messages. Before it answers anything it verifies every byte of the pack against its "
+    "SHA256SUMS file and, when the pack is signed, an OpenSSH Ed25519 signature; pin the signer's fingerprint "
+    "and only that key's packs are served. If the pack folder changes on disk, the tools stop answering until "
+    "you restart the extension. It never writes, never opens a network connection and never starts a process. "
+    "It is one Python file using only the standard library, so it needs Python 3.9 or later on this computer "
+    "(python3 on macOS and Linux, python on Windows).")
+AUTHOR = "Verified Memory contributors"
+KEYWORDS = ["mcp", "memory", "verification", "signature", "ed25519", "offline", "read-only"]
+REGISTRY_SCHEMA = "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json"
+REGISTRY_NAME = re.compile(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+")          # the 2025-12-11 schema's name pattern
+DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")     # a PEP 508 distribution name
+# The settings form, row for row as the reference product's: (user_config key, flag, row). Desktop passes each
+# as one argument --flag=value; an unset optional row arrives as the literal ${user_config.key}, which
+# parse_args reads as "off", like an empty value.
+SETTINGS = (
+    ("pack", "--pack", {
+        "type": "directory", "title": "Memory pack folder", "required": True,
+        "description": "The unzipped pack folder: the one that holds MEMORY.md, README.md, records.jsonl and "
+                       "SHA256SUMS. The folder picker shows folders only, so the pack folder looks empty; that "
+                       "is normal."}),
+    ("trusted_keys", "--trusted-keys", {
+        "type": "file", "title": "Trusted keys file",
+        "description": "Optional: a text file of keys whose signatures you trust, one per line "
+                       "(name ssh-ed25519 AAAA...). Leave blank for none."}),
+    ("trusted_fingerprint", "--trusted-fingerprint", {
+        "type": "string", "title": "Pinned signer fingerprint (recommended for signed packs)",
+        "description": "Optional: the SHA256:... fingerprint that the sign command printed (separate several "
+                       "with commas). Then only packs signed by that key are served, and no trusted keys file "
+                       "is needed. Leave blank for none."}),
+    ("revoked_keys", "--revoked-keys", {
+        "type": "file", "title": "Revoked keys file",
+        "description": "Optional: a text file of key fingerprints never to accept, one per line, even when "
+                       "pinned or trusted. Leave blank for none."}),
+    ("min_sequence", "--min-sequence", {
+        "type": "number", "title": "Minimum pack sequence", "min": 0,
+        "description": "Optional: refuse a pack whose signed sequence number is missing or lower, so an older "
+                       "pack cannot be put back. Raise it when you install a newer pack. Blank turns it off."}),
+    ("require_signature", "--require-signature", {
+        "type": "boolean", "title": "Require a pinned or trusted signature", "default": False,
+        "description": "Serve the pack only if a key you pinned or listed as trusted signed it."}),
+    ("strict", "--strict", {
+        "type": "boolean", "title": "Strict: require a pinned or trusted signature and an unexpired pack",
+        "default": False,
+        "description": "Serve the pack only if a key you pinned or trust signed it and its expiry date has not "
+                       "passed, checked again on every request. Turn it on for packs made by sign, which "
+                       "always dates them."}),
+)
+REGISTRY_FORMATS = {"directory": "filepath", "file": "filepath", "string": "string", "number": "number"}
+# The icon: a white check mark on a teal disc, in units of the icon's side around its centre (y grows down).
+ICON_SIZE, ICON_DISC, ICON_STROKE = 256, 0.46, 0.058
+ICON_CHECK = ((-0.2, 0.02), (-0.055, 0.165), (0.215, -0.145))
+ICON_PALETTE = bytes((255, 255, 255, 14, 107, 92, 255, 255, 255))       # 0 transparent (tRNS), 1 teal, 2 white
+
+
+def _segment_distance2(u, v, a, b):
+    """Squared distance from the point (u, v) to the segment a-b."""
+    du, dv = b[0] - a[0], b[1] - a[1]
+    t = max(0.0, min(1.0, ((u - a[0]) * du + (v - a[1]) * dv) / (du * du + dv * dv)))
+    return (u - a[0] - t * du) ** 2 + (v - a[1] - t * dv) ** 2
+
+
+def _icon_pixel(x, y):
+    u, v = (x + 0.5) / ICON_SIZE - 0.5, (y + 0.5) / ICON_SIZE - 0.5
+    if u * u + v * v > ICON_DISC * ICON_DISC:
+        return 0
+    near = min(_segment_distance2(u, v, ICON_CHECK[0], ICON_CHECK[1]),
+               _segment_distance2(u, v, ICON_CHECK[1], ICON_CHECK[2]))
+    return 2 if near < ICON_STROKE * ICON_STROKE else 1
+
+
+def _stored_zlib(data):
+    """A zlib stream of stored deflate blocks: unlike zlib.compress, the same bytes under every zlib build."""
+    import zlib
+    stream = bytearray(b"\x78\x01")                          # deflate, 32 KiB window; 0x7801 % 31 == 0
+    for at in range(0, len(data), 0xFFFF):
+        block = data[at:at + 0xFFFF]
+        stream.append(int(at + 0xFFFF >= len(data)))         # BFINAL on the last block, BTYPE 00: stored
+        stream += len(block).to_bytes(2, "little") + (0xFFFF ^ len(block)).to_bytes(2, "little") + block
+    return bytes(stream) + zlib.adler32(data).to_bytes(4, "big")
+
+
+def _png_chunk(kind, data):
+    return len(data).to_bytes(4, "big") + kind + data + binascii.crc32(kind + data).to_bytes(4, "big")
+
+
+def draw_icon():
+    """icon.png: a 2-bit palette PNG of ICON_SIZE square pixels, drawn here so the file needs no image file."""
+    rows = bytearray()
+    for y in range(ICON_SIZE):
+        pixels = [_icon_pixel(x, y) for x in range(ICON_SIZE)]
+        rows.append(0)                                       # filter type 0: the row as it is
+        rows += bytes(pixels[x] << 6 | pixels[x + 1] << 4 | pixels[x + 2] << 2 | pixels[x + 3]
+                      for x in range(0, ICON_SIZE, 4))
+    header = ICON_SIZE.to_bytes(4, "big") * 2 + bytes((2, 3, 0, 0, 0))   # bit depth 2, palette colour
+    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"PLTE", ICON_PALETTE)
+            + _png_chunk(b"tRNS", b"\x00") + _png_chunk(b"IDAT", _stored_zlib(bytes(rows))) + _png_chunk(b"IEND", b""))
+
+
+def zip_bytes(entries):
+    """[(name, bytes)] -> the bytes of a zip holding them in that order, with nothing else varying."""
+    import io
+    import zipfile
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))
+            info.create_system, info.external_attr = 3, 0o100644 << 16     # Unix, -rw-r--r--, even on Windows
+            archive.writestr(info, data)
+    return buffer.getvalue()
+
+
+def bundle_manifest():
+    """manifest.json of the Claude Desktop bundle (MCPB manifest 0.3), with the tools of TOOLS."""
+    args = ["${__dirname}/server/verified_memory.py"] + ["%s=${user_config.%s}" % (flag, key)
+                                                         for key, flag, _ in SETTINGS]
+    return {"manifest_version": "0.3", "name": SERVER_NAME, "display_name": "Verified Memory", "version": VERSION,
+            "description": SUMMARY, "long_description": LONG_DESCRIPTION, "author": {"name": AUTHOR},
+            "icon": "icon.png", "license": "MIT", "keywords": KEYWORDS, "privacy_policies": [],
+            "compatibility": {"platforms": ["darwin", "win32", "linux"], "runtimes": {"python": ">=3.9 <3.14"}},
+            "tools": [{"name": tool["name"], "description": tool["description"]} for tool in TOOLS],
+            "server": {"type": "python", "entry_point": "server/verified_memory.py", "mcp_config": {
+                "command": "python3", "args": args, "env": {"PYTHONIOENCODING": "utf-8"},
+                "platform_overrides": {"win32": {"command": "python"}}}},
+            "user_config": {key: row for key, _, row in SETTINGS}}
+
+
+def wheel_entries(source, readme, dist_name, registry_name):
+    """-> (file name, [(name, bytes)]) of a py3-none-any wheel: this module, a console script, RECORD last."""
+    import base64
+    stem = re.sub(r"[-_.]+", "_", dist_name).lower()
+    info = "%s-%s.dist-info/" % (stem, VERSION)
+    metadata = ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nAuthor: %s\nLicense: MIT\n"
+                "Keywords: %s\nClassifier: License :: OSI Approved :: MIT License\n"
+                "Classifier: Programming Language :: Python :: 3\nClassifier: Operating System :: OS Independent\n"
+                "Requires-Python: >=3.9\nDescription-Content-Type: text/markdown\n\n%s"
+                % (dist_name, VERSION, SUMMARY, AUTHOR, ",".join(KEYWORDS), readme))
+    if registry_name:                          # what the MCP Registry looks for in the PyPI description
+        metadata += "\n<!-- mcp-name: %s -->\n" % registry_name
+    scripts = dict.fromkeys(("verified-memory", dist_name))   # `uvx NAME` runs the script called NAME
+    entries = [("verified_memory.py", source), (info + "METADATA", metadata.encode("utf-8")),
+               (info + "WHEEL", ("Wheel-Version: 1.0\nGenerator: verified_memory.py %s\nRoot-Is-Purelib: true\n"
+                                 "Tag: py3-none-any\n" % VERSION).encode()),
+               (info + "entry_points.txt", ("[console_scripts]\n" + "".join(
+                   "%s = verified_memory:main\n" % script for script in scripts)).encode())]
+    record = "".join("%s,sha256=%s,%d\n" % (name, base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+                                            .decode().rstrip("="), len(data)) for name, data in entries)
+    entries.append((info + "RECORD", (record + info + "RECORD,,\n").encode()))
+    return "%s-%s-py3-none-any.whl" % (stem, VERSION), entries
+
+
+def registry_arguments():
+    """server.json packageArguments for the settings. A boolean is one positional `--flag={value}`, because
+    clients may pass a named flag and its value as two arguments, and the server takes a boolean only after =."""
+    arguments = []
+    for key, flag, row in SETTINGS:
+        if row["type"] == "boolean":
+            choice = {"format": "boolean", "default": "false", "choices": ["true", "false"],
+                      "description": row["description"]}
+            arguments.append({"type": "positional", "valueHint": key, "value": "%s={%s}" % (flag, key),
+                              "description": row["description"], "variables": {key: choice}})
+        else:
+            arguments.append({"type": "named", "name": flag, "format": REGISTRY_FORMATS[row["type"]],
+                              "description": row["description"], "isRequired": bool(row.get("required"))})
+    return arguments
+
+
+def server_json(registry_name, release_url, bundle_sha256, dist_name):
+    """server.json for the MCP Registry (schema 2025-12-11): the bundle by URL and digest, and the PyPI package."""
+    arguments = registry_arguments()
+    server = {"$schema": REGISTRY_SCHEMA, "name": registry_name, "title": "Verified Memory", "description": SUMMARY,
+              "version": VERSION}
+    repository = re.match(r"https://github\.com/[^/]+/[^/]+(?=/releases/download/)", release_url)
+    if repository:
+        server["repository"] = {"url": repository.group(), "source": "github"}
+    server["packages"] = [
+        {"registryType": "mcpb", "identifier": release_url, "version": VERSION, "fileSha256": bundle_sha256,
+         "transport": {"type": "stdio"}, "packageArguments": arguments},
+        {"registryType": "pypi", "registryBaseUrl": "https://pypi.org", "identifier": dist_name, "version": VERSION,
+         "runtimeHint": "uvx", "transport": {"type": "stdio"}, "packageArguments": arguments}]
+    return server
+
+
+def dist_command(options):
+    """`dist`: the .mcpb bundle, the wheel and (with the registry flags) server.json, published like a pack."""
+    if not options.get("--out"):
+        raise UsageError("dist needs --out")
+    registry_name, release_url = options.get("--registry-name"), options.get("--release-url")
+    dist_name = options.get("--pypi-name") or "verified-memory"
+    bundle_name = "verified-memory-%s.mcpb" % VERSION
+    if bool(registry_name) != bool(release_url):
+        raise UsageError("--registry-name and --release-url go together: server.json needs both")
+    if registry_name and not (REGISTRY_NAME.fullmatch(registry_name) and 3 <= len(registry_name) <= 200):
+        raise UsageError("--registry-name must be 3-200 characters like io.github.OWNER/verified-memory, "
+                         "matching ^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$; got %r" % registry_name)
+    if release_url and not re.fullmatch(r"https://[^/\s]+/(\S*/)?" + re.escape(bundle_name), release_url):
+        raise UsageError("--release-url must be the https:// address the bundle is downloaded from, ending in /%s "
+                         "(like https://github.com/OWNER/REPO/releases/download/v%s/%s); got %r"
+                         % (bundle_name, VERSION, bundle_name, release_url))
+    if not DIST_NAME.fullmatch(dist_name):
+        raise UsageError("--pypi-name must be a Python package name (letters, digits, . _ -), got %r" % dist_name)
+    here = os.path.realpath(__file__)
+    source = _read_input(here, 16 << 20)
+    readme = _read_input(os.path.join(os.path.dirname(here), "README.md"), 1 << 20).decode("utf-8")
+    wheel_name, entries = wheel_entries(source, readme, dist_name, registry_name)
+    files = {bundle_name: zip_bytes([("icon.png", draw_icon()), ("manifest.json", (json.dumps(
+                 bundle_manifest(), indent=2, ensure_ascii=False) + "\n").encode("utf-8")),
+                 ("server/verified_memory.py", source)]),
+             wheel_name: zip_bytes(entries)}
+    if registry_name:
+        digest = hashlib.sha256(files[bundle_name]).hexdigest()
+        files["server.json"] = (json.dumps(server_json(registry_name, release_url, digest, dist_name), indent=2)
+                                + "\n").encode()
+    out = publish_pack(files, options["--out"], lambda staging: None)
+    for name in sorted(files):
+        print("%s  %d bytes  SHA-256 %s" % (os.path.join(out, name), len(files[name]),
+                                            hashlib.sha256(files[name]).hexdigest()))
+    if not registry_name:
+        print("no server.json: give --registry-name and --release-url to write one for the MCP Registry")
+    return 0
+
+
+# ============================================================================
+# §12 Command line
 # ============================================================================
 
 USAGE = "Usage:\n" + __doc__.split("\n\n")[2] + """
@@ -1845,7 +2077,8 @@ SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "value"})
 COMMANDS = {"serve": (SERVE_FLAGS, ()), "check": (SERVE_FLAGS, ()), "search": (SERVE_FLAGS, ("QUERY",)),
             "get": (SERVE_FLAGS, ("RECORD_ID",)),
             "build": (dict.fromkeys(("--messages", "--records", "--out", "--title", "--description"), "value"), ()),
-            "sign": (dict.fromkeys(("--pack", "--key", "--expires", "--sequence", "--out"), "value"), ())}
+            "sign": (dict.fromkeys(("--pack", "--key", "--expires", "--sequence", "--out"), "value"), ()),
+            "dist": (dict.fromkeys(("--out", "--registry-name", "--release-url", "--pypi-name"), "value"), ())}
 
 
 class UsageError(Exception):
@@ -1957,6 +2190,8 @@ def main(argv=None):
             return 0
         if command in ("build", "sign"):
             return (build_command if command == "build" else sign_command)(options)
+        if command == "dist":
+            return dist_command(options)
         policy, root = policy_from_options(options), pack_root(options)
         snapshot = load_pack(root, policy, time.time_ns())
     except UsageError as e:
