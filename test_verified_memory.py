@@ -15,6 +15,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import stat
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import unittest
+from collections import Counter
 from unittest import mock
 
 import verified_memory as vm
@@ -1468,7 +1470,7 @@ class TestCommandLine(TempDirCase):
         self.assertEqual(json.loads(run("search", "--pack", EXAMPLE, "--", "--strict").stdout)["matched"], 0)
 
     def test_serving_commands_never_load_process_or_network_modules(self):
-        forbidden = ("subprocess", "socket", "ssl", "http", "urllib", "asyncio", "selectors")
+        forbidden = ("subprocess", "socket", "ssl", "http", "urllib", "asyncio", "selectors", "zipfile")
         code = ("import io, sys; sys.path.insert(0, %r); import verified_memory as vm\n"
                 "sys.stdin = io.TextIOWrapper(io.BytesIO(%r))\n"
                 "for argv in (['check'], ['search', 'garden'], ['get', 'M-garden-1'], ['serve']):\n"
@@ -2931,6 +2933,454 @@ class TestSignCommand(TempDirCase):
         self.assertEqual(done.returncode, 1)
         self.assertIn(b"cannot run ssh-keygen", done.stderr)
         self.assertFalse(os.path.exists(out))
+
+
+# ---------------------------------------------------------------------------
+# Release artifacts: dist's Claude Desktop bundle, wheel and server.json
+# ---------------------------------------------------------------------------
+
+BUNDLE = "verified-memory-%s.mcpb" % vm.VERSION
+WHEEL = "verified_memory-%s-py3-none-any.whl" % vm.VERSION
+REGISTRY_NAME = "io.github.example-org/verified-memory"
+RELEASE_URL = "https://github.com/example-org/verified-memory/releases/download/v%s/%s" % (vm.VERSION, BUNDLE)
+
+
+def desktop_launch(manifest, settings, dirname, platform="darwin"):
+    """(command, args, env) that Claude Desktop starts for these settings, or None when it starts nothing.
+
+    Written from the MCPB fact sheet (§1.4), not from the mcpb library: a platform override replaces whole
+    fields; a required setting that is unset, "" or [] means no launch; manifest defaults, then the user's
+    values; booleans become "true"/"false", numbers strings. Then ${...} is substituted: an argument that is
+    exactly ${user_config.k} stays as it is when k is unset or empty; inside a longer string an unset variable
+    stays literal and an empty one becomes "".
+    """
+    config = manifest["server"]["mcp_config"]
+    override = config.get("platform_overrides", {}).get(platform, {})
+    command, args, env = (override.get(field) or config.get(field) for field in ("command", "args", "env"))
+    rows = manifest.get("user_config", {})
+    if any(row.get("required") and settings.get(key) in (None, "", []) for key, row in rows.items()):
+        return None
+    values = {"__dirname": dirname}
+    for key, row in rows.items():
+        value = settings.get(key, row.get("default"))
+        if isinstance(value, bool):
+            values["user_config." + key] = "true" if value else "false"
+        elif value is not None:
+            values["user_config." + key] = str(value)
+
+    def expand(text):
+        whole = re.fullmatch(r"\$\{(user_config\.[^}]+)\}", text)
+        if whole:
+            return values.get(whole.group(1)) or text
+        for name, value in values.items():
+            text = text.replace("${%s}" % name, value)
+        return text
+    return command, [expand(arg) for arg in args], {name: expand(value) for name, value in (env or {}).items()}
+
+
+def trust_outcome(argv):
+    """What the server makes of a command line: its TrustPolicy, or the error that refuses it."""
+    try:
+        _, options, _ = vm.parse_args(argv)
+        return vm.policy_from_options(options)
+    except (vm.UsageError, vm.PackError) as e:
+        return "%s: %s" % (type(e).__name__, e)
+
+
+def zip_entries(path):
+    import zipfile
+    with zipfile.ZipFile(path) as archive:
+        return [(info, archive.read(info)) for info in archive.infolist()]
+
+
+class DistCase(TempDirCase):
+    def dist(self, *flags, name=None):
+        """Run `dist --out TMP/NAME FLAGS` in this process (a new NAME each time) -> (out folder, what it printed)."""
+        out = os.path.join(self.tmp, name or "dist-%d" % len(os.listdir(self.tmp)))
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            self.assertEqual(vm.main(["dist", "--out", out] + list(flags)), 0)
+        return out, printed.getvalue()
+
+    def bundle(self, *flags):
+        entries = zip_entries(os.path.join(self.dist(*flags)[0], BUNDLE))
+        return {info.filename: data for info, data in entries}
+
+    def manifest(self):
+        return json.loads(self.bundle()["manifest.json"])
+
+    def keys_files(self):
+        """(trusted keys file, revoked keys file) holding test keys."""
+        trusted, revoked = os.path.join(self.tmp, "trusted"), os.path.join(self.tmp, "revoked")
+        write(trusted, "alice %s\n" % test_key(KEY_A)[3])
+        write(revoked, test_key(KEY_B)[2] + "\n")
+        return trusted, revoked
+
+
+class TestDistBundle(DistCase):
+    def test_entries_are_the_manifest_the_icon_and_this_exact_file(self):
+        entries = zip_entries(os.path.join(self.dist()[0], BUNDLE))
+        self.assertEqual([info.filename for info, _ in entries], ["icon.png", "manifest.json",
+                                                                 "server/verified_memory.py"])
+        self.assertEqual(entries[2][1], read(SCRIPT))
+        for info, _ in entries:           # nothing that varies with the clock, the umask or the platform
+            self.assertEqual((info.date_time, info.compress_type, info.create_system, info.external_attr >> 16),
+                             ((1980, 1, 1, 0, 0, 0), 0, 3, 0o100644))
+
+    def test_manifest_fields(self):
+        manifest = self.manifest()
+        allowed = {"manifest_version", "name", "display_name", "version", "description", "long_description",
+                   "author", "icon", "license", "keywords", "privacy_policies", "compatibility", "tools", "server",
+                   "user_config"}      # a subset of MCPB 0.3's keys: its schema refuses unknown ones
+        self.assertEqual(set(manifest), allowed)
+        self.assertEqual((manifest["manifest_version"], manifest["name"], manifest["version"], manifest["license"]),
+                         ("0.3", "verified-memory", vm.VERSION, "MIT"))
+        self.assertEqual(manifest["privacy_policies"], [])
+        self.assertEqual(manifest["compatibility"], {"platforms": ["darwin", "win32", "linux"],
+                                                     "runtimes": {"python": ">=3.9 <3.14"}})
+        self.assertEqual(manifest["tools"], [{"name": tool["name"], "description": tool["description"]}
+                                             for tool in vm.TOOLS])
+        self.assertEqual(manifest["icon"], "icon.png")
+        self.assertTrue(manifest["author"]["name"] and manifest["description"] and manifest["long_description"])
+        server = manifest["server"]
+        self.assertEqual((server["type"], server["entry_point"]), ("python", "server/verified_memory.py"))
+        config = server["mcp_config"]
+        self.assertEqual((config["command"], config["env"], config["platform_overrides"]),
+                         ("python3", {"PYTHONIOENCODING": "utf-8"}, {"win32": {"command": "python"}}))
+        self.assertEqual(config["args"], ["${__dirname}/server/verified_memory.py", "--pack=${user_config.pack}",
+                                          "--trusted-keys=${user_config.trusted_keys}",
+                                          "--trusted-fingerprint=${user_config.trusted_fingerprint}",
+                                          "--revoked-keys=${user_config.revoked_keys}",
+                                          "--min-sequence=${user_config.min_sequence}",
+                                          "--require-signature=${user_config.require_signature}",
+                                          "--strict=${user_config.strict}"])
+
+    def test_tools_follow_the_tools_table(self):
+        extra = {"name": "verified_memory_extra", "description": "a tool added later"}
+        original = vm.TOOLS
+        vm.TOOLS = original + (extra,)
+        try:
+            self.assertEqual(vm.bundle_manifest()["tools"][-1], extra)
+        finally:
+            vm.TOOLS = original
+
+    def test_user_config_is_the_references_settings_form(self):
+        rows = self.manifest()["user_config"]
+        self.assertEqual([(key, row["type"], row["title"], row.get("required", False), row.get("default"))
+                          for key, row in rows.items()], [
+            ("pack", "directory", "Memory pack folder", True, None),
+            ("trusted_keys", "file", "Trusted keys file", False, None),
+            ("trusted_fingerprint", "string", "Pinned signer fingerprint (recommended for signed packs)", False, None),
+            ("revoked_keys", "file", "Revoked keys file", False, None),
+            ("min_sequence", "number", "Minimum pack sequence", False, None),
+            ("require_signature", "boolean", "Require a pinned or trusted signature", False, False),
+            ("strict", "boolean", "Strict: require a pinned or trusted signature and an unexpired pack", False,
+             False)])
+        self.assertEqual(rows["min_sequence"]["min"], 0)
+        for key, row in rows.items():
+            self.assertGreater(len(row["description"]), 40, key)
+            self.assertLessEqual(set(row), {"type", "title", "description", "required", "default", "min"}, key)
+
+    def test_settings_expand_to_the_references_command_line(self):
+        manifest = self.manifest()
+        settings = {"pack": "/p/pack", "trusted_keys": "/p/keys", "trusted_fingerprint": FIXTURE_FINGERPRINT,
+                    "revoked_keys": "/p/revoked", "min_sequence": 3, "require_signature": True, "strict": False}
+        command, args, env = desktop_launch(manifest, settings, "/ext")
+        self.assertEqual((command, env), ("python3", {"PYTHONIOENCODING": "utf-8"}))
+        self.assertEqual(args, ["/ext/server/verified_memory.py", "--pack=/p/pack", "--trusted-keys=/p/keys",
+                                "--trusted-fingerprint=" + FIXTURE_FINGERPRINT, "--revoked-keys=/p/revoked",
+                                "--min-sequence=3", "--require-signature=true", "--strict=false"])
+        self.assertEqual(desktop_launch(manifest, settings, "/ext", "win32")[0], "python")
+        self.assertEqual(desktop_launch(manifest, {"pack": "/p"}, "/ext")[1][2:],
+                         ["--trusted-keys=${user_config.trusted_keys}",
+                          "--trusted-fingerprint=${user_config.trusted_fingerprint}",
+                          "--revoked-keys=${user_config.revoked_keys}", "--min-sequence=${user_config.min_sequence}",
+                          "--require-signature=false", "--strict=false"])
+        for unset in ({}, {"pack": ""}, {"pack": None, "strict": True}):
+            self.assertIsNone(desktop_launch(manifest, unset, "/ext"), unset)
+
+    def test_every_combination_of_settings_gives_the_intended_policy(self):
+        import itertools
+        manifest = self.manifest()
+        trusted, revoked = self.keys_files()
+        states = {"trusted_keys": (None, "", trusted), "trusted_fingerprint": (None, "", FIXTURE_FINGERPRINT),
+                  "revoked_keys": (None, "", revoked), "min_sequence": (None, "", 0, 3),
+                  "require_signature": (None, False, True), "strict": (None, False, True)}
+        flags = {key: flag for key, flag, _ in vm.SETTINGS}
+        outcomes = set()
+        for combination in itertools.product(*states.values()):
+            settings = {key: value for key, value in zip(states, combination) if value is not None}
+            settings["pack"] = EXAMPLE
+            _, args, _ = desktop_launch(manifest, settings, "/ext")
+            intended = {}            # what a person who filled in the form means: blank rows are off
+            for key, value in settings.items():
+                if key != "pack" and value != "" and value is not False:
+                    intended[flags[key]] = "true" if value is True else str(value)
+            argv = ["--pack=" + EXAMPLE] + ["%s=%s" % item for item in intended.items()]
+            with self.subTest(settings=settings):
+                outcome = trust_outcome(args[1:])
+                self.assertEqual(outcome, trust_outcome(argv))
+                outcomes.add(outcome if isinstance(outcome, str) else "policy")
+        self.assertEqual({outcome.split(" requires ")[0] for outcome in outcomes},   # each kind was reached
+                         {"policy", "PackError: --strict", "PackError: --min-sequence",
+                          "PackError: --require-signature"})
+
+    def test_the_bundled_server_starts_as_its_settings_say(self):
+        import zipfile
+        folder = os.path.join(self.tmp, "extension")
+        with zipfile.ZipFile(os.path.join(self.dist()[0], BUNDLE)) as archive:
+            archive.extractall(folder)
+        manifest = json.loads(read(os.path.join(folder, "manifest.json")))
+
+        def start(settings, *messages):
+            command, args, env = desktop_launch(manifest, settings, folder)
+            data = b"".join(json.dumps(m).encode() + b"\n" for m in messages)
+            return subprocess.run([sys.executable] + args, input=data, capture_output=True, timeout=60,
+                                  env=dict(os.environ, **env))
+        done = start({"pack": EXAMPLE}, initialize(), call(2, "verified_memory_search", {"query": "bees fence"}))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        replies = [json.loads(line) for line in done.stdout.splitlines()]
+        self.assertEqual(replies[0]["result"]["serverInfo"]["version"], vm.VERSION)
+        self.assertEqual([m["record_id"] for m in replies[1]["result"]["structuredContent"]["matches"]],
+                         ["M-garden-11"])
+        done = start({"pack": EXAMPLE, "strict": True}, initialize())
+        self.assertEqual((done.returncode, done.stdout), (1, b""))
+        self.assertIn(b"refused: --strict requires a signature by a trusted key", done.stderr)
+        done = start({"pack": EXAMPLE, "trusted_fingerprint": FIXTURE_FINGERPRINT, "min_sequence": 0}, initialize())
+        self.assertEqual((done.returncode, done.stdout), (1, b""))
+        self.assertIn(b"refused: pack is unsigned, but --trusted-fingerprint requires a signature by a pinned key",
+                      done.stderr)
+        server = os.path.join(folder, "server", "verified_memory.py")   # no example pack beside it to fall back on
+        for args in (["--pack=${user_config.pack}"], ["--pack="], []):
+            done = subprocess.run([sys.executable, server] + args, input=b"", capture_output=True, timeout=60)
+            self.assertEqual((done.returncode, done.stdout), (2, b""), args)
+            self.assertIn(b"--pack", done.stderr)
+
+    def test_two_runs_give_identical_bytes(self):
+        flags = ("--registry-name", REGISTRY_NAME, "--release-url", RELEASE_URL)
+        first, _ = self.dist(*flags, name="first")
+        second, _ = self.dist(*flags, name="second")
+        self.assertEqual(sorted(os.listdir(first)), ["server.json", BUNDLE, WHEEL])
+        for name in os.listdir(first):
+            self.assertEqual(read(os.path.join(first, name)), read(os.path.join(second, name)), name)
+
+    def test_icon_is_a_valid_png(self):
+        import zlib
+        data = self.bundle()["icon.png"]
+        self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
+        chunks, at = [], 8
+        while at < len(data):
+            length = int.from_bytes(data[at:at + 4], "big")
+            kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+            self.assertEqual(int.from_bytes(data[at + 8 + length:at + 12 + length], "big"), zlib.crc32(kind + body))
+            chunks.append((kind, body))
+            at += 12 + length
+        self.assertEqual([kind for kind, _ in chunks], [b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"])
+        header = chunks[0][1]
+        size = int.from_bytes(header[:4], "big")
+        self.assertEqual((size, header[4:8], header[8:]), (vm.ICON_SIZE, header[:4], bytes((2, 3, 0, 0, 0))))
+        self.assertEqual(len(chunks[1][1]), 9)                 # three palette colours
+        rows = zlib.decompress(chunks[3][1])
+        self.assertEqual(len(rows), size * (1 + size // 4))
+        pixels = Counter()
+        for y in range(size):
+            row = rows[y * (1 + size // 4):(y + 1) * (1 + size // 4)]
+            self.assertEqual(row[0], 0)                        # filter type 0
+            pixels.update(byte >> shift & 3 for byte in row[1:] for shift in (6, 4, 2, 0))
+        self.assertEqual(set(pixels), {0, 1, 2})               # transparent corners, the disc, the check mark
+        self.assertGreater(pixels[1], pixels[2])
+
+
+class TestDistWheel(DistCase):
+    def wheel(self, *flags):
+        out, _ = self.dist(*flags)
+        wheels = [name for name in os.listdir(out) if name.endswith(".whl")]
+        return wheels[0], {info.filename: data for info, data in zip_entries(os.path.join(out, wheels[0]))}
+
+    def test_record_lists_every_file_with_its_hash_and_size(self):
+        name, files = self.wheel()
+        self.assertEqual(name, WHEEL)
+        info = "verified_memory-%s.dist-info/" % vm.VERSION
+        self.assertEqual(list(files), ["verified_memory.py"] + [info + n for n in ("METADATA", "WHEEL",
+                                                                                   "entry_points.txt", "RECORD")])
+        self.assertEqual(files["verified_memory.py"], read(SCRIPT))
+        record = files[info + "RECORD"].decode().splitlines()
+        self.assertEqual(record[-1], info + "RECORD,,")
+        listed = {}
+        for line in record[:-1]:
+            path, digest, size = line.split(",")
+            listed[path] = (digest, int(size))
+        self.assertEqual(set(listed), set(files) - {info + "RECORD"})
+        for path, (digest, size) in listed.items():
+            expected = base64.urlsafe_b64encode(hashlib.sha256(files[path]).digest()).decode().rstrip("=")
+            self.assertEqual((digest, size), ("sha256=" + expected, len(files[path])), path)
+        self.assertEqual(files[info + "WHEEL"].decode().splitlines(),
+                         ["Wheel-Version: 1.0", "Generator: verified_memory.py " + vm.VERSION,
+                          "Root-Is-Purelib: true", "Tag: py3-none-any"])
+        self.assertEqual(files[info + "entry_points.txt"],
+                         b"[console_scripts]\nverified-memory = verified_memory:main\n")
+
+    def test_metadata_carries_the_readme_and_the_registry_name(self):
+        import email.parser
+        info = "verified_memory-%s.dist-info/METADATA" % vm.VERSION
+        plain = email.parser.Parser().parsestr(self.wheel()[1][info].decode("utf-8"))
+        self.assertEqual((plain["Metadata-Version"], plain["Name"], plain["Version"], plain["Requires-Python"],
+                          plain["License"], plain["Description-Content-Type"]),
+                         ("2.1", "verified-memory", vm.VERSION, ">=3.9", "MIT", "text/markdown"))
+        self.assertEqual(plain.get_payload(), read(os.path.join(HERE, "README.md")).decode("utf-8"))
+        self.assertNotIn("mcp-name:", plain.get_payload())
+        named = self.wheel("--registry-name", REGISTRY_NAME, "--release-url", RELEASE_URL)[1][info].decode()
+        self.assertIn("\nmcp-name: %s" % REGISTRY_NAME, named.replace("<!-- ", "\n"))
+
+    def test_pypi_name_sets_the_distribution_and_a_script_of_that_name(self):
+        name, files = self.wheel("--pypi-name", "Verified.Memory_MCP")
+        self.assertEqual(name, "verified_memory_mcp-%s-py3-none-any.whl" % vm.VERSION)
+        info = "verified_memory_mcp-%s.dist-info/" % vm.VERSION
+        self.assertIn(b"\nName: Verified.Memory_MCP\n", files[info + "METADATA"])
+        self.assertEqual(files[info + "entry_points.txt"],
+                         b"[console_scripts]\nverified-memory = verified_memory:main\n"
+                         b"Verified.Memory_MCP = verified_memory:main\n")
+
+    def test_pip_installs_it_and_the_console_script_serves(self):
+        venv = os.path.join(self.tmp, "venv")
+        made = subprocess.run([sys.executable, "-m", "venv", venv], capture_output=True)
+        scripts = os.path.join(venv, "Scripts" if os.name == "nt" else "bin")
+        if made.returncode != 0 or not os.path.exists(os.path.join(scripts, "pip" + (".exe" if os.name == "nt"
+                                                                                     else ""))):
+            self.skipTest("venv with pip (ensurepip) is not available: %s" % made.stderr.decode()[-200:])
+        out, _ = self.dist()
+        env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+        done = subprocess.run([os.path.join(scripts, "python"), "-m", "pip", "install", "--no-index", "--quiet",
+                               os.path.join(out, WHEEL)], capture_output=True, env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        data = (json.dumps(initialize()) + "\n" + json.dumps(call(2, "verified_memory_search", {"query": "bees"}))
+                + "\n").encode()
+        done = subprocess.run([os.path.join(scripts, "verified-memory"), "--pack", EXAMPLE], input=data,
+                              capture_output=True, timeout=60, cwd=self.tmp)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        replies = [json.loads(line) for line in done.stdout.splitlines()]
+        info = replies[0]["result"]["serverInfo"]
+        self.assertEqual((info["name"], info["version"]), ("verified-memory", vm.VERSION))
+        self.assertGreater(replies[1]["result"]["structuredContent"]["matched"], 0)
+        done = subprocess.run([os.path.join(scripts, "verified-memory"), "check"], capture_output=True, cwd=self.tmp)
+        self.assertEqual(done.returncode, 2)              # installed, there is no example pack to fall back on
+        self.assertIn(b"--pack /absolute/path/to/pack is required", done.stderr)
+
+
+class TestDistRegistry(DistCase):
+    def server(self, *flags):
+        out, printed = self.dist("--registry-name", REGISTRY_NAME, "--release-url", RELEASE_URL, *flags)
+        return out, printed, json.loads(read(os.path.join(out, "server.json")))
+
+    def test_server_json_fields(self):
+        out, printed, server = self.server()
+        self.assertEqual(server["$schema"],
+                         "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json")
+        self.assertEqual((server["name"], server["title"], server["version"]), (REGISTRY_NAME, "Verified Memory",
+                                                                                vm.VERSION))
+        self.assertRegex(server["name"], r"^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$")
+        self.assertTrue(1 <= len(server["description"]) <= 100 and 3 <= len(server["name"]) <= 200)
+        self.assertEqual(server["repository"], {"url": "https://github.com/example-org/verified-memory",
+                                                "source": "github"})
+        bundle, pypi = server["packages"]
+        digest = hashlib.sha256(read(os.path.join(out, BUNDLE))).hexdigest()
+        self.assertEqual((bundle["registryType"], bundle["identifier"], bundle["version"], bundle["fileSha256"]),
+                         ("mcpb", RELEASE_URL, vm.VERSION, digest))
+        self.assertRegex(bundle["fileSha256"], r"^[a-f0-9]{64}$")
+        self.assertIn("%s  %d bytes  SHA-256 %s" % (os.path.join(out, BUNDLE), len(read(os.path.join(out, BUNDLE))),
+                                                   digest), printed)
+        self.assertEqual((pypi["registryType"], pypi["registryBaseUrl"], pypi["identifier"], pypi["version"],
+                          pypi["runtimeHint"]), ("pypi", "https://pypi.org", "verified-memory", vm.VERSION, "uvx"))
+        for package in (bundle, pypi):
+            self.assertEqual(package["transport"], {"type": "stdio"})
+            self.assertEqual(package["packageArguments"], bundle["packageArguments"])
+        arguments = bundle["packageArguments"]
+        self.assertEqual(arguments[0], {"type": "named", "name": "--pack", "format": "filepath", "isRequired": True,
+                                        "description": arguments[0]["description"]})
+        self.assertEqual([(a.get("name"), a.get("format"), a.get("isRequired")) for a in arguments[1:5]],
+                         [("--trusted-keys", "filepath", False), ("--trusted-fingerprint", "string", False),
+                          ("--revoked-keys", "filepath", False), ("--min-sequence", "number", False)])
+        for argument, flag in zip(arguments[5:], ("--require-signature", "--strict")):
+            self.assertEqual((argument["type"], argument["value"]), ("positional", "%s={%s}" % (flag,
+                                                                                                argument["valueHint"])))
+            variable = argument["variables"][argument["valueHint"]]
+            self.assertEqual((variable["format"], variable["default"], variable["choices"]),
+                             ("boolean", "false", ["true", "false"]))
+        self.assertEqual(self.server("--pypi-name", "verified-memory-mcp")[2]["packages"][1]["identifier"],
+                         "verified-memory-mcp")
+
+    def test_registry_arguments_make_a_command_line_the_server_accepts(self):
+        arguments = self.server()[2]["packages"][1]["packageArguments"]
+        trusted, revoked = self.keys_files()
+        inputs = {"--pack": EXAMPLE, "--trusted-keys": trusted, "--trusted-fingerprint": FIXTURE_FINGERPRINT,
+                  "--revoked-keys": revoked, "--min-sequence": "2", "require_signature": "true", "strict": "true"}
+        for blank in (False, True):           # every optional input filled in, or left blank / false
+            given = {key: "false" if blank and not key.startswith("--") else "" if blank and key != "--pack"
+                     else value for key, value in inputs.items()}
+            for joined in (False, True):       # `--flag value` (as VS Code builds it) or `--flag=value`
+                argv = []
+                for argument in arguments:
+                    if argument["type"] == "named":
+                        value = given[argument["name"]]
+                        argv += [argument["name"] + "=" + value] if joined else [argument["name"], value]
+                    else:
+                        argv.append(argument["value"].replace("{%s}" % argument["valueHint"],
+                                                              given[argument["valueHint"]]))
+                intended = ["--%s=%s" % (key.strip("-").replace("_", "-"), value) for key, value in given.items()
+                            if value not in ("", "false")]
+                with self.subTest(blank=blank, joined=joined):
+                    outcome = trust_outcome(argv)
+                    self.assertIsInstance(outcome, vm.TrustPolicy)
+                    self.assertEqual(outcome, trust_outcome(intended))
+                    self.assertEqual(vm.pack_root(vm.parse_args(argv)[1]), EXAMPLE)
+
+    def test_no_server_json_without_the_registry_flags(self):
+        out, printed = self.dist()
+        self.assertEqual(sorted(os.listdir(out)), [BUNDLE, WHEEL])
+        self.assertIn("no server.json: give --registry-name and --release-url", printed)
+        for name in (BUNDLE, WHEEL):
+            data = read(os.path.join(out, name))
+            self.assertIn("%s  %d bytes  SHA-256 %s" % (os.path.join(out, name), len(data),
+                                                       hashlib.sha256(data).hexdigest()), printed)
+
+
+class TestDistBadInput(TempDirCase):
+    def refused(self, status, message, *flags):
+        out = os.path.join(self.tmp, "out")
+        before = sorted(os.listdir(self.tmp))
+        done = run("dist", "--out", out, *flags)
+        self.assertEqual((done.returncode, done.stdout), (status, b""), done.stderr)
+        self.assertIn(message, done.stderr.decode())
+        self.assertEqual(sorted(os.listdir(self.tmp)), before)          # nothing written, no staging left
+
+    def test_existing_out_is_never_overwritten(self):
+        os.mkdir(os.path.join(self.tmp, "out"))
+        self.refused(1, "already exists; --out must name a folder that does not exist yet")
+        self.assertEqual(os.listdir(os.path.join(self.tmp, "out")), [])
+
+    def test_bad_flags(self):
+        cases = (
+            ("--registry-name must be 3-200 characters like io.github.OWNER/verified-memory",
+             "--registry-name", "verified-memory", "--release-url", RELEASE_URL),
+            ("--registry-name must be", "--registry-name", "io.github.x/verified memory", "--release-url", RELEASE_URL),
+            ("--registry-name must be", "--registry-name", "io.github.x/" + "m" * 190, "--release-url", RELEASE_URL),
+            ("--release-url must be the https:// address the bundle is downloaded from, ending in /" + BUNDLE,
+             "--registry-name", REGISTRY_NAME, "--release-url", RELEASE_URL.replace("https:", "http:")),
+            ("--release-url must be", "--registry-name", REGISTRY_NAME, "--release-url", RELEASE_URL + ".zip"),
+            ("--release-url must be", "--registry-name", REGISTRY_NAME, "--release-url", "https://" + BUNDLE),
+            ("--registry-name and --release-url go together", "--registry-name", REGISTRY_NAME),
+            ("--registry-name and --release-url go together", "--release-url", RELEASE_URL),
+            ("--pypi-name must be a Python package name", "--pypi-name", "-verified"),
+            ("--pypi-name must be a Python package name", "--pypi-name", "verified memory"),
+            ("--registry-name is empty", "--registry-name=", "--release-url", RELEASE_URL),
+            ("unknown flag --pack for dist", "--pack", EXAMPLE),
+        )
+        for message, *flags in cases:
+            with self.subTest(flags=flags):
+                self.refused(2, message, *flags)
+        done = run("dist")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn(b"dist needs --out", done.stderr)
 
 
 # ---------------------------------------------------------------------------
