@@ -1850,9 +1850,9 @@ DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")     # a PEP 
 SETTINGS = (
     ("pack", "--pack", {
         "type": "directory", "title": "Memory pack folder", "required": True,
-        "description": "The unzipped pack folder: the one that holds MEMORY.md, README.md, records.jsonl and "
-                       "SHA256SUMS. The folder picker shows folders only, so the pack folder looks empty; that "
-                       "is normal."}),
+        "description": "The unzipped pack folder, the one that holds MEMORY.md, README.md, records.jsonl and "
+                       "SHA256SUMS. A folder picker shows only folders, so the pack folder looks empty; that is "
+                       "normal."}),
     ("trusted_keys", "--trusted-keys", {
         "type": "file", "title": "Trusted keys file",
         "description": "Optional: a text file of keys whose signatures you trust, one per line "
