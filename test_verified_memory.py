@@ -3227,10 +3227,11 @@ class TestDistWheel(DistCase):
         self.assertEqual((plain["Metadata-Version"], plain["Name"], plain["Version"], plain["Requires-Python"],
                           plain["License"], plain["Description-Content-Type"]),
                          ("2.1", "verified-memory", vm.VERSION, ">=3.9", "MIT", "text/markdown"))
-        self.assertEqual(plain.get_payload(), read(os.path.join(HERE, "README.md")).decode("utf-8"))
-        self.assertNotIn("mcp-name:", plain.get_payload())
+        readme = read(os.path.join(HERE, "README.md")).decode("utf-8")
+        self.assertTrue(plain.get_payload() == readme, "the description is not the README")
         named = self.wheel("--registry-name", REGISTRY_NAME, "--release-url", RELEASE_URL)[1][info].decode()
-        self.assertIn("\nmcp-name: %s" % REGISTRY_NAME, named.replace("<!-- ", "\n"))
+        self.assertTrue(email.parser.Parser().parsestr(named).get_payload() ==
+                        readme + "\n<!-- mcp-name: %s -->\n" % REGISTRY_NAME, "no mcp-name line at the end")
 
     def test_pypi_name_sets_the_distribution_and_a_script_of_that_name(self):
         name, files = self.wheel("--pypi-name", "Verified.Memory_MCP")
