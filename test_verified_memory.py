@@ -3383,6 +3383,15 @@ class TestDistBadInput(TempDirCase):
         self.assertEqual(done.returncode, 2)
         self.assertIn(b"dist needs --out", done.stderr)
 
+    def test_a_copy_without_its_readme_refuses(self):
+        vendored = os.path.join(self.tmp, "verified_memory.py")
+        shutil.copy(SCRIPT, vendored)
+        done = subprocess.run([sys.executable, vendored, "dist", "--out", os.path.join(self.tmp, "out")],
+                              capture_output=True)
+        self.assertEqual((done.returncode, done.stdout), (2, b""))
+        self.assertIn(b"dist runs in a checkout: it needs README.md beside", done.stderr)
+        self.assertEqual(os.listdir(self.tmp), ["verified_memory.py"])
+
 
 # ---------------------------------------------------------------------------
 # Benchmarks and conformance (explicit entry points; `make test` runs neither)

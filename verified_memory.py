@@ -2034,8 +2034,11 @@ def dist_command(options):
     if not DIST_NAME.fullmatch(dist_name):
         raise UsageError("--pypi-name must be a Python package name (letters, digits, . _ -), got %r" % dist_name)
     here = os.path.realpath(__file__)
+    readme_path = os.path.join(os.path.dirname(here), "README.md")
+    if not os.path.isfile(readme_path):
+        raise UsageError("dist runs in a checkout: it needs README.md beside %s for the wheel's description" % here)
     source = _read_input(here, 16 << 20)
-    readme = _read_input(os.path.join(os.path.dirname(here), "README.md"), 1 << 20).decode("utf-8")
+    readme = _read_input(readme_path, 1 << 20).decode("utf-8")
     wheel_name, entries = wheel_entries(source, readme, dist_name, registry_name)
     files = {bundle_name: zip_bytes([("icon.png", draw_icon()), ("manifest.json", (json.dumps(
                  bundle_manifest(), indent=2, ensure_ascii=False) + "\n").encode("utf-8")),
