@@ -156,7 +156,7 @@ def deleter(*path):
 class TestRecordRules(RecordsCase):
     def test_example_pack_verifies(self):
         snapshot = self.load(EXAMPLE)
-        self.assertEqual(snapshot.pack["records"], 14)
+        self.assertEqual(snapshot.pack["records"], 16)
         verification = snapshot.verification(NOW)
         self.assertEqual(verification["signature"], {"status": "unsigned", "signer": None, "fingerprint": None,
                                                      "pinned": False})
@@ -290,7 +290,7 @@ class TestRecordRules(RecordsCase):
     def test_unique_record_ids(self):
         lines = self.lines + [self.lines[0]]
         self.write_records("\n".join(lines) + "\n")
-        self.assertRefused(self.pack, "records.jsonl line 15, field record_id: M-garden-1 repeats line 1")
+        self.assertRefused(self.pack, "records.jsonl line 17, field record_id: M-garden-1 repeats line 1")
 
 
 class TestRecordsFile(RecordsCase):
@@ -363,11 +363,11 @@ class TestRecordsFile(RecordsCase):
         self.write_records("\n".join(self.lines[:2] + [""] + self.lines[2:]) + "\n")
         self.assertRefused(self.pack, "records.jsonl line 3: is blank; one JSON object per line, no blank lines")
         self.write_records("\n".join(self.lines) + "\n\n")
-        self.assertRefused(self.pack, "records.jsonl line 15: is blank; one JSON object per line, no blank lines")
+        self.assertRefused(self.pack, "records.jsonl line 17: is blank; one JSON object per line, no blank lines")
 
     def test_final_newline(self):
         self.write_records("\n".join(self.lines))
-        self.assertRefused(self.pack, "records.jsonl line 14: must end with a newline")
+        self.assertRefused(self.pack, "records.jsonl line 16: must end with a newline")
 
     def test_at_least_one_record(self):
         self.write_records(b"")
@@ -818,7 +818,8 @@ class TestMcpHandshake(McpProcessCase):
                 self.assertEqual(init["result"]["serverInfo"]["version"], vm.VERSION)
                 self.assertEqual("instructions" in init["result"], version >= "2025-03-26")
                 tools = listed["result"]["tools"]
-                self.assertEqual([t["name"] for t in tools], ["verified_memory_search", "verified_memory_get"])
+                self.assertEqual([t["name"] for t in tools], ["verified_memory_search", "verified_memory_get",
+                                                               "verified_memory_check_payee"])
                 for tool in tools:
                     self.assertEqual("annotations" in tool, version >= "2025-03-26")
                     self.assertEqual("outputSchema" in tool, version >= "2025-06-18")
@@ -850,14 +851,14 @@ class TestMcpHandshake(McpProcessCase):
 
     def test_tool_schemas_are_the_seeds(self):
         replies, _ = self.session(initialize(), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-        search, get = replies[1]["result"]["tools"]
+        search, get, payee = replies[1]["result"]["tools"]
         self.assertEqual(search["inputSchema"], {"type": "object", "properties": {"query": {
             "type": "string", "minLength": 1, "maxLength": 512}}, "required": ["query"],
             "additionalProperties": False})
         self.assertEqual(get["inputSchema"], {"type": "object", "properties": {"id": {
             "type": "string", "pattern": "^M-[A-Za-z0-9_-]{1,127}$"}}, "required": ["id"],
             "additionalProperties": False})
-        for tool in (search, get):
+        for tool in (search, get, payee):
             self.assertEqual(tool["annotations"], {"readOnlyHint": True, "destructiveHint": False,
                                                    "idempotentHint": True, "openWorldHint": False})
             self.assertEqual(tool["outputSchema"]["type"], "object")
@@ -887,7 +888,7 @@ class TestMcpHandshake(McpProcessCase):
 
     def test_requests_work_before_the_initialized_notification(self):
         replies, _ = self.session(initialize(), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
-        self.assertEqual(len(replies[1]["result"]["tools"]), 2)
+        self.assertEqual(len(replies[1]["result"]["tools"]), 3)
 
 
 class TestMcpErrors(McpProcessCase):
@@ -1060,7 +1061,7 @@ class TestMcpModernEra(McpProcessCase):
         self.assertEqual(listed["resultType"], "complete")
         self.assertEqual(listed["cacheScope"], "public")
         self.assertGreaterEqual(listed["ttlMs"], 0)
-        self.assertEqual(len(listed["tools"]), 2)
+        self.assertEqual(len(listed["tools"]), 3)
         self.assertIn("outputSchema", listed["tools"][0])
         found = replies[2]["result"]
         self.assertEqual(found["resultType"], "complete")
@@ -1106,7 +1107,9 @@ class TestStopOnChange(TempDirCase):
         self.assertTrue(payload["found"])
 
     def assertStopped(self):
-        for name, args in (("verified_memory_get", {"id": "M-garden-1"}), ("verified_memory_search", {"query": "x"})):
+        for name, args in (("verified_memory_get", {"id": "M-garden-1"}), ("verified_memory_search", {"query": "x"}),
+                           ("verified_memory_check_payee", {"payee": "Hollow Oak Seeds Ltd",
+                                                            "account": "DE89370400440532013000"})):
             payload, error = self.tools.call(name, args)
             self.assertIsNone(payload)
             self.assertEqual(error, vm.CHANGED_ON_DISK)
@@ -1473,7 +1476,9 @@ class TestCommandLine(TempDirCase):
         forbidden = ("subprocess", "socket", "ssl", "http", "urllib", "asyncio", "selectors", "zipfile")
         code = ("import io, sys; sys.path.insert(0, %r); import verified_memory as vm\n"
                 "sys.stdin = io.TextIOWrapper(io.BytesIO(%r))\n"
-                "for argv in (['check'], ['search', 'garden'], ['get', 'M-garden-1'], ['serve']):\n"
+                "for argv in (['check'], ['search', 'garden'], ['get', 'M-garden-1'], ['serve'],\n"
+                "             ['check-payee', '--payee', 'Hollow Oak Seeds Ltd', '--account', 'DE893704004405320130"
+                "00']):\n"
                 "    assert vm.main(argv + ['--pack', %r]) == 0, argv\n"
                 "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in %r))"
                 % (HERE, json.dumps(initialize()).encode() + b"\n" +
@@ -2644,7 +2649,7 @@ class TestBuilderRules(unittest.TestCase):
                  (dict(base, statement="  "), "statement: must be a non-empty string"),
                  (dict(base, speaker=""), "speaker: must be a non-empty string"),
                  (dict(base, evidence=[]), "evidence: is not a known field (expected record_id, role, topic, "
-                                           "category, quotes, statement, speaker)"),
+                                           "category, quotes, statement, speaker, payee)"),
                  ({k: v for k, v in base.items() if k != "quotes"}, "quotes: is missing"))
         for obj, expected in cases:
             with self.subTest(expected=expected):
@@ -2754,7 +2759,7 @@ class TestBuildCommand(TempDirCase):
         self.assertEqual(sorted(os.listdir(out)), sorted(os.listdir(EXAMPLE)))
         for name in os.listdir(EXAMPLE):
             self.assertEqual(read(os.path.join(out, name)), read(os.path.join(EXAMPLE, name)), name)
-        self.assertIn(b"14 records", done.stdout)
+        self.assertIn(b"16 records", done.stdout)
         self.assertEqual(os.listdir(self.tmp), ["rebuilt"])            # no staging folder left behind
 
     def test_never_overwrites(self):
@@ -3391,6 +3396,418 @@ class TestDistBadInput(TempDirCase):
         self.assertEqual((done.returncode, done.stdout), (2, b""))
         self.assertIn(b"dist runs in a checkout: it needs README.md beside", done.stderr)
         self.assertEqual(os.listdir(self.tmp), ["verified_memory.py"])
+
+
+# ---------------------------------------------------------------------------
+# Payee facts and verified_memory_check_payee
+# ---------------------------------------------------------------------------
+
+IBAN_DE, IBAN_GB, IBAN_NEW = "DE89370400440532013000", "GB82WEST12345698765432", "DE44500105175407324931"
+PAYEE = "verified_memory_check_payee"
+
+
+def payee_record(record_id, message_id, quote, name, account, **extra):
+    return quote_record(record_id, message_id, quote, payee={"name": name, "account": account}, **extra)
+
+
+class TestPayeeAccounts(unittest.TestCase):
+    def check(self, text, normalised, kind, checksum, problem=None):
+        account = vm.check_account(text)
+        self.assertEqual(account, {"normalised": normalised, "format": kind, "checksum": checksum,
+                                   "problem": account["problem"] if problem else None}, text)
+        if problem:
+            self.assertIn(problem, account["problem"])
+
+    def test_spaces_hyphens_and_case_are_ignored(self):
+        for text in ("DE89 3704 0044 0532 0130 00", "de89-3704-0044-0532-0130-00", " De89 370400440532013000 "):
+            self.check(text, IBAN_DE, "iban", "valid")
+        self.check("GB82 WEST 1234 5698 7654 32", IBAN_GB, "iban", "valid")
+        self.check("garden-acct-0042", "GARDENACCT0042", "other", "not_applicable")
+
+    def test_iban_check_digits_catch_swaps_and_typos(self):
+        for i in range(4, len(IBAN_DE) - 1):              # every adjacent swap that changes the IBAN
+            swapped = IBAN_DE[:i] + IBAN_DE[i + 1] + IBAN_DE[i] + IBAN_DE[i + 2:]
+            if swapped != IBAN_DE:
+                self.check(swapped, swapped, "iban", "invalid", "check digits do not match (ISO 7064 mod 97-10)")
+        self.check("DE89370400440532013001", "DE89370400440532013001", "iban", "invalid", "check digits")
+
+    def test_a_letter_that_passes_mod_97_fails_the_country_format(self):
+        for iban in ("DE893S0400440532013000", "DE89370400440532I13000"):
+            rearranged = iban[4:] + iban[:4]
+            self.assertEqual(int("".join(str(int(c, 36)) for c in rearranged)) % 97, 1)   # mod 97 alone passes
+            self.check(iban, iban, "iban", "invalid", "does not have the DE account format (BBAN 18n)")
+
+    def test_check_digits_00_01_99_are_refused_though_mod_97_passes(self):
+        for good, alias in (("DE98370400440532013032", "DE01370400440532013032"),
+                            ("DE02370400440532013014", "DE99370400440532013014")):
+            self.check(good, good, "iban", "valid")
+            self.check(alias, alias, "iban", "invalid", "check digits do not match")
+
+    def test_country_length_and_registry(self):
+        self.check(IBAN_DE + "0", IBAN_DE + "0", "iban", "invalid",
+                   "an IBAN from DE has 22 characters, this one has 23")
+        self.check("NO9386011117947", "NO9386011117947", "iban", "valid")                   # the shortest, 15
+        self.check("XX89370400440532013000", "XX89370400440532013000", "iban", "invalid",
+                   "IBAN country code XX is not in the IBAN registry")
+
+    def test_non_ascii_digits_and_letters_are_malformed(self):
+        for text in ("DE89 3704 0044 0532 0130 0\u0663", "DE89 3704 0044 0532 0130 0\u00b2",
+                     "ＤＥ89370400440532013000",
+                     "GARDEN-ACCT-００42", "stra\u00dfe-0042", "12/34/56", "ACCT", "123", "DE89\u00a03704", "1" * 35):
+            self.check(text, None, None, "not_applicable", "an account must be 4 to 34 ASCII letters and digits")
+
+    def test_aba_routing_numbers(self):
+        self.check("111000025", "111000025", "aba", "valid")
+        self.check("111-000-025", "111000025", "aba", "valid")
+        self.check("111000026", "111000026", "aba", "invalid", "weights 3, 7, 1")
+        self.check("1110000250", "1110000250", "other", "not_applicable")
+
+
+class TestPayeeNames(unittest.TestCase):
+    def assertNames(self, expected, pairs):
+        for asked, recorded in pairs:
+            with self.subTest(asked=asked, recorded=recorded):
+                self.assertEqual(vm.names_match(asked, recorded), expected)
+
+    def test_exact_only_after_nfc_and_white_space(self):
+        self.assertNames("exact", (("Hollow Oak Seeds Ltd", "Hollow Oak Seeds Ltd"),
+                                   (" Hollow  Oak\tSeeds Ltd ", "Hollow Oak Seeds Ltd"),
+                                   ("Caf\u00e9 Rose", "Cafe\u0301 Rose")))
+
+    def test_harmless_differences_are_close(self):
+        self.assertNames("close", (("HOLLOW OAK SEEDS LTD", "Hollow Oak Seeds Ltd"),               # case
+                                   ("Senora Vidal", "Señora Vidal"),                              # accents
+                                   ("Soeren Kjaer", "Søren Kjær"), ("Lukasz Wojcik", "Łukasz Wójcik"),
+                                   ("Strasse Bau", "Straße Bau"),                                 # transliteration
+                                   ("OBrien & Sons", "O'Brien and Sons"), ("J.P. Rowe", "JP Rowe"),  # punctuation
+                                   ("Vidal, Marta", "Marta Vidal"),                               # word order
+                                   ("Hollow Oak Seeds", "Hollow Oak Seeds Ltd"), ("Acme GmbH", "ACME Inc."),
+                                   ("Fern LLC", "Fern Limited"),                                  # legal forms
+                                   ("Dr. Marta Vidal", "Marta Vidal"), ("Mrs Ana Ruiz", "Ana Ruiz"),  # titles
+                                   ("Hollow Oak Sedes Ltd", "Hollow Oak Seeds Ltd"),               # one letter
+                                   ("Jaen Dupont", "Jean Dupont"), ("Jean Dupond", "Jean Dupont"),
+                                   ("Hollow Oka Sedes", "Hollow Oak Seeds")))                     # 2 edits, 16 chars
+
+    def test_other_people_are_different(self):
+        self.assertNames("different", (("Maxime Dupont", "Jean Dupont"), ("Evil Seeds Ltd", "Hollow Oak Seeds Ltd"),
+                                       ("Ana", "Ava"),                                 # under 5 characters: no edit
+                                       ("Jean Dupuis", "Jean Dupont"),                 # 3 edits
+                                       ("Marta Vidal Ruiz", "Marta Vidal"), ("Ltd", "GmbH"), ("Mr", "Dr")))
+
+    def test_edit_thresholds_by_length(self):
+        self.assertEqual(vm.names_match("abcdx", "abcde"), "close")                      # 5 characters: 1 edit
+        self.assertEqual(vm.names_match("abcdxy", "abcdef"), "different")
+        self.assertEqual(vm.names_match("abcdefghijxy", "abcdefghijkl"), "different")     # 12: still 1
+        self.assertEqual(vm.names_match("abcdefghijkxy", "abcdefghijklm"), "close")      # 13: 2 edits
+        self.assertEqual(vm.names_match("abcdefghijxyz", "abcdefghijklm"), "different")
+        self.assertTrue(vm.within_edits("ab", "ba", 1))
+        self.assertFalse(vm.within_edits("abc", "cab", 1))
+        self.assertTrue(vm.within_edits("", "ab", 2))
+
+    def test_no_fuzzy_variant_is_ever_exact(self):
+        name = "Hollow Oak Seeds Ltd"
+        variants = {name.upper(), name.lower(), name[:-4], "Ltd " + name[:-4], name.replace("o", "ó"),
+                    name.replace(" ", "-"), name.replace("Seeds", "Seeds."), "Mr " + name, name.replace("ee", "e")}
+        variants |= {name[:i] + name[i + 1:] for i in range(len(name))}
+        variants |= {name[:i] + "x" + name[i + 1:] for i in range(len(name))}
+        for variant in variants - {name, name.replace(" ", "  ")}:
+            self.assertNotEqual(vm.names_match(variant, name), "exact", variant)
+
+
+class TestPayeeDecision(unittest.TestCase):
+    FACTS = sorted([vm.PayeeFact(-3, "M-new", 2, "Hollow Oak Seeds Ltd", IBAN_GB),
+                    vm.PayeeFact(-1, "M-old", 0, "Hollow Oak Seeds Ltd", IBAN_DE),
+                    vm.PayeeFact(-2, "M-fern", 1, "Fern Ltd", "111000025")])
+
+    def judge(self, name, account):
+        reason, related = vm.judge_payee(name, account, self.FACTS)
+        return reason, [(how, fact.record_id) for how, fact in related]
+
+    def test_a_payee_with_two_accounts_matches_either_and_lists_both_newest_first(self):
+        for account in (IBAN_DE, IBAN_GB):
+            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account),
+                             ("account_and_name_recorded", [("exact", "M-new"), ("exact", "M-old")]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_NEW),
+                         ("payee_recorded_with_other_account", [("exact", "M-new"), ("exact", "M-old")]))
+        self.assertEqual(self.judge("hollow oak seeds", IBAN_DE),
+                         ("name_close", [("close", "M-new"), ("close", "M-old")]))
+
+    def test_account_of_someone_else_and_nothing_known(self):
+        self.assertEqual(self.judge("Evil Seeds", "111000025"),
+                         ("account_recorded_for_other_payee", [("different", "M-fern")]))
+        self.assertEqual(self.judge("Fern Ltd", IBAN_DE),
+                         ("account_recorded_for_other_payee", [("exact", "M-fern"), ("different", "M-old")]))
+        self.assertEqual(self.judge("Nobody", IBAN_NEW), ("not_in_memory", []))
+
+    def test_every_reason_has_its_outcome(self):
+        self.assertEqual(set(vm.PAYEE_REASONS.values()), {"match", "close_match", "no_match", "not_possible"})
+        self.assertEqual([r for r, outcome in vm.PAYEE_REASONS.items() if outcome == "match"],
+                         ["account_and_name_recorded"])
+
+
+class PayeeCase(SearchCase):
+    MESSAGES = [message(1, "Seeds: pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00, ref J-7.",
+                        "2026-01-10T09:00:00Z"),
+                message(2, "Hollow Oak Seeds moved banks; from March pay them at gb82 west 1234 5698 7654 32.",
+                        "2026-03-01T09:00:00Z"),
+                message(3, "Rent: Dr. Marta Vidal, routing 111000025.", "2026-02-01T09:00:00Z"),
+                message(4, 'Odd email: "new details, pay DE44-5001-0517-5407-3249-31 today". Not paid.',
+                        "2026-04-01T09:00:00Z", speaker="Bo"),
+                message(5, "Typo list: XDE44500105175407324931 and DE445001051754073249310 are not it.",
+                        "2026-04-02T09:00:00Z", speaker="Bo")]
+    RECORDS = [payee_record("M-seeds-1", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
+                            "Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 00"),
+               payee_record("M-seeds-2", 2, "pay them at gb82 west 1234 5698 7654 32", "Hollow Oak Seeds Ltd",
+                            "GB82-WEST-1234-5698-7654-32"),
+               payee_record("M-rent", 3, "Dr. Marta Vidal, routing 111000025", "Dr. Marta Vidal", "111000025"),
+               quote_record("M-email", 4, "new details, pay DE44-5001-0517-5407-3249-31 today"),
+               quote_record("M-typos", 5, "XDE44500105175407324931 and DE445001051754073249310 are not it")]
+
+    def setUp(self):
+        super().setUp()
+        self.build(self.MESSAGES, self.RECORDS)
+
+    def check(self, payee, account):
+        payload, error = self.tools.call(PAYEE, {"payee": payee, "account": account})
+        self.assertIsNone(error)
+        return payload
+
+    def summary(self, payload):
+        return (payload["outcome"], payload["reason"],
+                [(r["record_id"], r["name_match"], r["account_match"]) for r in payload["records"]],
+                [m["record_id"] for m in payload["mentions"]])
+
+
+class TestCheckPayeeTool(PayeeCase):
+    def test_match(self):
+        payload = self.check("Hollow Oak Seeds Ltd", "de89 3704 0044 0532 0130 00")
+        self.assertEqual(self.summary(payload), ("match", "account_and_name_recorded",
+                                                 [("M-seeds-2", "exact", False), ("M-seeds-1", "exact", True)], []))
+        self.assertEqual(set(payload), {"outcome", "reason", "records", "records_total", "mentions", "mentions_total",
+                                        "account", "verification", "notice"})
+        self.assertEqual(payload["account"], {"normalised": IBAN_DE, "format": "iban", "checksum": "valid",
+                                              "problem": None})
+        first = payload["records"][1]
+        self.assertEqual(first["payee"], {"name": "Hollow Oak Seeds Ltd", "account": IBAN_DE})
+        self.assertEqual(first["evidence"][0]["quote"], "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00")
+        self.assertEqual([r["date_last_utc"] for r in payload["records"]], ["2026-03-01T09:00:00Z",
+                                                                             "2026-01-10T09:00:00Z"])
+        self.assertEqual(payload["verification"], self.tools.snapshot.verification(NOW))
+        self.assertEqual(payload["notice"], vm.NOTICE)
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["outcome"], "match")   # the newer account too
+
+    def test_close_match_gives_the_recorded_name(self):
+        for asked in ("hollow oak seeds", "Hollow Oak Seeds GmbH", "Seeds, Hollow Oak", "Holow Oak Seeds Ltd"):
+            payload = self.check(asked, IBAN_DE)
+            self.assertEqual(payload["outcome"], "close_match", asked)
+            self.assertEqual(payload["reason"], "name_close")
+            self.assertEqual(payload["records"][1]["payee"]["name"], "Hollow Oak Seeds Ltd")
+        self.assertEqual(self.summary(self.check("Marta Vidal", "111 000 025")),
+                         ("close_match", "name_close", [("M-rent", "close", True)], []))
+
+    def test_no_match_says_which(self):
+        self.assertEqual(self.summary(self.check("Evil Seeds Inc", IBAN_DE)),
+                         ("no_match", "account_recorded_for_other_payee", [("M-seeds-1", "different", True)], []))
+        payload = self.check("Hollow Oak Seeds Ltd", "DE44 5001 0517 5407 3249 31")
+        self.assertEqual(self.summary(payload), ("no_match", "payee_recorded_with_other_account",
+                                                 [("M-seeds-2", "exact", False), ("M-seeds-1", "exact", False)],
+                                                 ["M-email"]))
+        self.assertEqual([r["payee"]["account"] for r in payload["records"]], [IBAN_GB, IBAN_DE])
+
+    def test_not_possible_for_a_bad_account_or_nothing_in_memory(self):
+        payload = self.check("Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 01")
+        self.assertEqual(self.summary(payload), ("not_possible", "account_invalid_checksum", [], []))
+        self.assertEqual(payload["account"]["checksum"], "invalid")
+        self.assertEqual(self.summary(self.check("Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 0\u0663")),
+                         ("not_possible", "account_malformed", [], []))
+        self.assertEqual(self.summary(self.check("Hollow Oak Seeds Ltd", "111000026"))[:2],
+                         ("not_possible", "account_invalid_checksum"))
+        self.assertEqual(self.summary(self.check("Nobody", "DE02370400440532013014")),
+                         ("not_possible", "not_in_memory", [], []))
+
+    def test_an_account_only_in_free_text_is_a_mention_not_a_fact(self):
+        payload = self.check("Hollow Oak Seeds Payments", "de44 5001 0517 5407 3249 31")
+        self.assertEqual(self.summary(payload), ("not_possible", "not_in_memory", [], ["M-email"]))
+        self.assertEqual(payload["mentions_total"], 1)
+        self.assertEqual(payload["mentions"][0]["evidence"][0]["quote"],
+                         "new details, pay DE44-5001-0517-5407-3249-31 today")    # not M-typos: touching letters
+        self.assertEqual(self.check("Someone", IBAN_GB)["mentions"], [])           # deciding records are not repeated
+
+    def test_mentions_free_text_rule(self):
+        self.assertTrue(vm.mentions_account(IBAN_DE, "iban: de89 3704-0044 0532 0130 00."))
+        self.assertTrue(vm.mentions_account("GARDENACCT0042", "is GARDEN-ACCT-0042 at"))
+        for text in ("XDE89370400440532013000", "DE893704004405320130001", "DE89_370400440532013000",
+                     "DE89.3704.0044.0532.0130.00", "DE89\u00a03704 0044 0532 0130 00"):
+            self.assertFalse(vm.mentions_account(IBAN_DE, text), text)
+        self.assertFalse(vm.mentions_account("KBCD1", "\u212aBCD1"))                               # Kelvin sign K
+        self.assertFalse(vm.mentions_account("SS123", "\u017fs123"))                              # long s
+
+    def test_many_records_are_capped_at_10_with_totals(self):
+        messages = [message(i, "pay Fern Ltd 111000025 now", "2026-01-%02dT00:00:00Z" % i) for i in range(1, 15)]
+        records = [payee_record("M-%02d" % i, i, "pay Fern Ltd 111000025", "Fern Ltd", "111000025")
+                   for i in range(1, 15)]
+        self.build(messages + [message(20, "111000025 x")], records + [quote_record("M-x", 20, "111000025 x")])
+        payload = self.check("Fern Ltd", "111000025")
+        self.assertEqual((payload["records_total"], len(payload["records"])), (14, 10))
+        self.assertEqual([r["record_id"] for r in payload["records"]], ["M-%02d" % i for i in range(14, 4, -1)])
+        self.assertEqual([m["record_id"] for m in payload["mentions"]], ["M-x"])
+
+    def test_bounded_arguments_are_tool_errors(self):
+        cases = (({"payee": "A"}, "argument 'account' is required and must be a string"),
+                 ({"payee": "A", "account": 5}, "argument 'account' is required and must be a string"),
+                 ({"payee": "A", "account": "111000025", "amount": 5}, "unknown argument 'amount': "
+                  "verified_memory_check_payee takes only 'payee' and 'account'"),
+                 ({"payee": " \t", "account": "111000025"}, "argument 'payee' must be 1 to 200 characters long, "
+                                                            "not only white space"),
+                 ({"payee": "A" * 201, "account": "111000025"}, "argument 'payee' must be 1 to 200 characters long, "
+                                                                "not only white space"),
+                 ({"payee": "A", "account": ""}, "argument 'account' must be 1 to 64 characters long"),
+                 ({"payee": "A", "account": "1" * 65}, "argument 'account' must be 1 to 64 characters long"))
+        for arguments, expected in cases:
+            self.assertEqual(self.tools.call(PAYEE, arguments), (None, expected))
+        self.assertEqual(self.check("A" * 200, " " * 30 + "021000021" + " " * 25)["reason"], "not_in_memory")
+
+
+class TestPayeeFactsInPacks(RecordsCase):
+    def setUp(self):
+        super().setUp()
+        self.number = next(n for n, line in enumerate(self.lines, 1) if "M-garden-15" in line)
+        self.seeds = json.loads(self.lines[self.number - 1])
+
+    def refuse_payee(self, payee, field, message):
+        self.refuse_line(record_line(dict(self.seeds, payee=payee)), "records.jsonl line %d, field %s: %s"
+                         % (self.number, field, message), self.number)
+
+    def test_the_example_pack_has_payee_facts(self):
+        self.assertEqual(self.seeds["payee"], {"name": "Hollow Oak Seeds Ltd",
+                                               "account": "DE89 3704 0044 0532 0130 00"})
+        tools = vm.ToolServer(self.load(EXAMPLE), lambda: NOW)
+        payload, _ = tools.call(PAYEE, {"payee": "Hollow Oak Seeds Ltd", "account": "GB82 WEST 1234 5698 7654 32"})
+        self.assertEqual((payload["reason"], [m["record_id"] for m in payload["mentions"]]),
+                         ("payee_recorded_with_other_account", ["M-garden-16"]))
+
+    def test_the_verifier_applies_the_builder_checks(self):
+        name = "Hollow Oak Seeds Ltd"
+        self.refuse_payee({"name": name, "account": "DE44 5001 0517 5407 3249 31"}, "payee.account",
+                          "DE44500105175407324931 does not occur in any of the record's quotes")
+        self.refuse_payee({"name": name, "account": "DE89 3704 0044 0532 0130 01"}, "payee.account",
+                          "the IBAN check digits do not match (ISO 7064 mod 97-10): a character is mistyped or two "
+                          "are swapped")
+        self.refuse_payee({"name": name, "account": "DE89 3704 0044 0532 0130 0\u0663"}, "payee.account",
+                          "an account must be 4 to 34 ASCII letters and digits, at least one a digit (spaces and "
+                          "hyphens are ignored)")
+        self.refuse_payee({"name": name, "account": 89}, "payee.account", "must be a string of at most 64 characters")
+        self.refuse_payee({"name": " ", "account": IBAN_DE}, "payee.name",
+                          "must be a string of 1 to 200 characters, not only white space")
+        self.refuse_payee({"name": name}, "payee", 'must be an object with exactly "name" and "account"')
+        self.refuse_payee({"name": name, "account": IBAN_DE, "iban": True}, "payee",
+                          'must be an object with exactly "name" and "account"')
+        self.refuse_payee([], "payee", "must be a payee object or a list of 1 to 16 of them")
+        self.refuse_payee([{"name": name, "account": IBAN_DE}, {"name": name, "account": IBAN_GB}],
+                          "payee[1].account", "GB82WEST12345698765432 does not occur in any of the record's quotes")
+        self.refuse_payee("Hollow Oak", "payee", 'must be an object with exactly "name" and "account"')
+
+    def test_a_list_of_payees_is_accepted(self):
+        record = dict(self.seeds, payee=[{"name": "Hollow Oak Seeds Ltd", "account": IBAN_DE},
+                                          {"name": "Hollow Oak", "account": "de89-3704-0044-0532-0130-00"}])
+        lines = list(self.lines)
+        lines[self.number - 1] = record_line(record)
+        self.write_records("\n".join(lines) + "\n")
+        tools = vm.ToolServer(self.load(self.pack), lambda: NOW)
+        payload, _ = tools.call(PAYEE, {"payee": "Hollow Oak", "account": IBAN_DE})
+        self.assertEqual([(r["payee"]["name"], r["name_match"]) for r in payload["records"]],
+                         [("Hollow Oak", "exact"), ("Hollow Oak Seeds Ltd", "different")])
+        self.assertEqual(payload["outcome"], "match")
+
+
+class TestPayeeBuilder(unittest.TestCase):
+    MESSAGES = [message(1, "Pay Fern Ltd: DE89 3704 0044 0532 0130 00, thanks.")]
+
+    def build_one(self, payee, quote="Fern Ltd: DE89 3704 0044 0532 0130 00"):
+        return build_files(self.MESSAGES, [json.dumps({"record_id": "M-1", "role": "user", "topic": "t",
+                                                       "category": "c", "quotes": [{"message_id": 1, "quote": quote}],
+                                                       "payee": payee})])
+
+    def test_payee_is_copied_into_the_record(self):
+        payee = {"name": "Fern Ltd", "account": "DE89 3704 0044 0532 0130 00"}
+        record = json.loads(self.build_one(payee)["records.jsonl"])
+        self.assertEqual(record["payee"], payee)
+        self.assertEqual(list(record), list(vm.RECORD_FIELDS) + ["payee"])
+
+    def test_refuses_a_payee_whose_account_is_not_in_its_quotes(self):
+        with self.assertRaises(vm.PackError) as caught:
+            self.build_one({"name": "Fern Ltd", "account": IBAN_DE}, quote="Pay Fern Ltd")
+        self.assertEqual(str(caught.exception), "records.jsonl line 1, field payee.account: DE89370400440532013000 "
+                                                "does not occur in any of the record's quotes")
+        with self.assertRaises(vm.PackError) as caught:
+            self.build_one({"name": "Fern Ltd", "account": "DE89370400440532013000"[:-1] + "1"})
+        self.assertIn("field payee.account: the IBAN check digits do not match", str(caught.exception))
+
+
+class TestPayeeServingRules(SignedCase):
+    def test_stop_on_change_and_strict_freshness_apply(self):
+        pack = self.signed_pack(KEY_A, pack_json())
+        clock = [NOW]
+        tools = vm.ToolServer(self.load(pack, self.policy(trusted=((KEY_A, "a"),), strict=True)), lambda: clock[0])
+        arguments = {"payee": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 00"}
+        payload, error = tools.call(PAYEE, arguments)
+        self.assertEqual((payload["outcome"], error), ("match", None))
+        self.assertEqual(payload["verification"]["signature"]["status"], "verified")
+        clock[0] = vm.parse_utc("2027-01-01T00:00:00Z")                # expires while running
+        self.assertEqual(tools.call(PAYEE, arguments), (None, "verified-memory: pack expired at 2027-01-01T00:00:00Z, "
+                                                              "and --strict refuses an expired pack; no record data "
+                                                              "is served"))
+        clock[0] = NOW
+        self.assertEqual(tools.call(PAYEE, arguments)[0]["outcome"], "match")
+        with open(os.path.join(pack, "README.md"), "ab") as f:
+            f.write(b" ")
+        self.assertEqual(tools.call(PAYEE, arguments), (None, vm.CHANGED_ON_DISK))
+        self.assertEqual(tools.call(PAYEE, {"payee": "x"}), (None, vm.CHANGED_ON_DISK))   # before argument checks
+
+
+class TestCheckPayeeCommand(McpProcessCase):
+    def test_exit_0_only_on_match(self):
+        for payee, account, status, outcome in (
+                ("Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 00", 0, "match"),
+                ("Hollow Oak Seeds", "DE89 3704 0044 0532 0130 00", 1, "close_match"),
+                ("Hollow Oak Seeds Ltd", "GB82 WEST 1234 5698 7654 32", 1, "no_match"),
+                ("Juniper Street Community Garden", "GARDEN-ACCT-0042", 0, "match"),
+                ("Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 01", 1, "not_possible")):
+            with self.subTest(payee=payee, account=account):
+                done = run("check-payee", "--pack", EXAMPLE, "--payee", payee, "--account=" + account)
+                self.assertEqual(done.returncode, status, done.stderr)
+                payload = json.loads(done.stdout)
+                self.assertEqual(payload["outcome"], outcome)
+                tools = vm.ToolServer(vm.load_pack(EXAMPLE, vm.TrustPolicy(), NOW), lambda: NOW)
+                self.assertEqual(payload, tools.call(PAYEE, {"payee": payee, "account": account})[0])
+
+    def test_usage_errors_exit_2(self):
+        for args, message in ((("--payee", "A"), "check-payee needs --payee NAME and --account ACCOUNT"),
+                              (("--account", "111000025"), "check-payee needs --payee NAME and --account ACCOUNT"),
+                              (("--payee=", "--account", "1"), "--payee is empty"),
+                              (("--payee", "A", "--account", "1", "extra"), "check-payee takes no positional"),
+                              (("--payee", "A", "--amount", "5"), "unknown flag --amount for check-payee")):
+            done = run("check-payee", "--pack", EXAMPLE, *args)
+            self.assertEqual((done.returncode, done.stdout), (2, b""), args)
+            self.assertIn(message, done.stderr.decode())
+        done = run("check-payee", "--pack", EXAMPLE, "--payee", "A" * 201, "--account", "111000025")
+        self.assertEqual((done.returncode, done.stdout), (1, b""))
+        self.assertIn("argument 'payee' must be 1 to 200 characters long", done.stderr.decode())
+
+    def test_over_mcp_stdio(self):
+        arguments = {"payee": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 00"}
+        replies, _ = self.session(initialize(), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                                  call(3, PAYEE, arguments), call(4, PAYEE, dict(arguments, account="x" * 65)))
+        tool = replies[1]["result"]["tools"][2]
+        self.assertEqual(tool["name"], PAYEE)
+        self.assertEqual(tool["inputSchema"]["required"], ["payee", "account"])
+        self.assertEqual(tool["outputSchema"]["properties"]["reason"]["enum"], list(vm.PAYEE_REASONS))
+        for reason in vm.PAYEE_REASONS:                                  # the description documents every reason
+            self.assertIn(reason, tool["description"])
+        result = replies[2]["result"]
+        self.assertEqual(result["structuredContent"]["outcome"], "match")
+        self.assertEqual(json.loads(result["content"][0]["text"]), result["structuredContent"])
+        self.assertTrue(replies[3]["result"]["isError"])
 
 
 # ---------------------------------------------------------------------------
