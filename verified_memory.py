@@ -1489,8 +1489,8 @@ TOOLS = (
          "account": {"type": "string", "minLength": 1, "maxLength": 64}},
          "required": ["payee", "account"], "additionalProperties": False},
      "outputSchema": {"type": "object", "properties": {
-         "outcome": {"enum": ["match", "close_match", "no_match", "not_possible"]},
-         "reason": {"enum": list(PAYEE_REASONS)},
+         "outcome": {"type": "string", "enum": ["match", "close_match", "no_match", "not_possible"]},
+         "reason": {"type": "string", "enum": list(PAYEE_REASONS)},
          "records": {"type": "array", "items": {"type": "object"}}, "records_total": {"type": "integer"},
          "mentions": {"type": "array", "items": {"type": "object"}}, "mentions_total": {"type": "integer"},
          "account": {"type": "object", "description": "normalised, format (iban, aba, other or null), checksum "
@@ -1507,9 +1507,9 @@ INSTRUCTIONS = ("Read-only access to one verified memory pack. Quote tool text v
 
 
 class PayeeIndex:
-    """The snapshot's payee facts by account and by name words, and every four-digit sequence in each record's
-    quotes (ASCII digits, spaces and letters between them skipped), so that a check reads only the facts and
-    records it needs. Built from the verified bytes on the first payee check."""
+    """The snapshot's payee facts by account and by name words, and every run of four digits in each record's
+    quotes once all else is dropped, so that a check reads only the facts and records it needs. Built from
+    the verified bytes on the first payee check."""
 
     def __init__(self, snapshot):
         self.snapshot, self.by_account, self.by_words = snapshot, {}, {}
@@ -1528,13 +1528,14 @@ class PayeeIndex:
 
     def mentions(self, account, exclude):
         """Records not in `exclude` whose quotes mention `account` (mentions_account), newest first. Candidates
-        hold every four-digit group of the account; with fewer than four digits, every record is read."""
+        hold the account's four-digit groups starting at digits 1, 9, 17...; with fewer than four digits, every
+        record is read."""
         digits, candidates = re.sub("[^0-9]+", "", account), None
-        for at in range(0, len(digits) - 3, 4):
+        for at in range(0, len(digits) - 3, 8):
             gram = int(digits[at:at + 4]) << 14
-            found = {key & 0x3FFF for key in self.grams[bisect_left(self.grams, gram):
-                                                        bisect_left(self.grams, gram + (1 << 14))]}
-            candidates = found if candidates is None else candidates & found
+            holding = {key & 0x3FFF for key in self.grams[bisect_left(self.grams, gram):
+                                                          bisect_left(self.grams, gram + (1 << 14))]}
+            candidates = holding if candidates is None else candidates & holding
         candidates = range(self.snapshot.pack["records"]) if candidates is None else candidates
         records = [self.snapshot.record(i) for i in candidates if i not in exclude]
         found = [{"record_id": record["record_id"], "date_last_utc": record["date_last_utc"],
