@@ -1438,7 +1438,7 @@ class SearchIndex:
 
 
 # ============================================================================
-# §8 MCP over stdio: the two tools, JSON-RPC 2.0, legacy and 2026-07-28 eras
+# §8 MCP over stdio: the tools, JSON-RPC 2.0, legacy and 2026-07-28 eras
 # ============================================================================
 
 _VERIFICATION_SCHEMA = {"type": "object", "description": "pack (sha256sums_sha256, records), signature "
