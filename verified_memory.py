@@ -1307,6 +1307,117 @@ def load_pack(root, policy, now_ns):
 
 
 # ============================================================================
+# §6b Sandbox (impure, applied once): after the pack is verified, before any thread or protocol byte
+# ============================================================================
+
+SANDBOX_MODES = ("auto", "on", "off")
+# Machines whose Linux syscall table numbers Landlock 444 (create_ruleset), 445 (add_rule), 446 (restrict_self).
+LANDLOCK_MACHINES = ("x86_64", "i386", "i486", "i586", "i686", "aarch64", "armv7l", "armv8l", "riscv64", "ppc64le",
+                     "s390x", "loongarch64")
+LANDLOCK_READ = 1 << 2 | 1 << 3          # READ_FILE | READ_DIR: all that the pack folder keeps
+# Audit events (prefixes) refused once the sandbox is on: imports, processes, signals, sockets, native code,
+# changes on disk. Opening and listing are judged by path and mode instead.
+REFUSED_EVENTS = ("import", "subprocess.", "_posixsubprocess.", "_winapi.", "os.system", "os.exec", "os.spawn",
+                  "os.posix_spawn", "os.fork", "os.startfile", "os.kill", "signal.pthread_kill", "pty.", "socket.",
+                  "ctypes.", "mmap.", "winreg.", "os.ch", "os.link", "os.mkdir", "os.putenv", "os.unsetenv",
+                  "os.remove", "os.rename", "os.rmdir", "os.setxattr", "os.symlink", "os.truncate", "os.utime")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def landlock_rights(abi):
+    """Every right Landlock ABI `abi` knows -> (filesystem, network, scope) masks to handle, so each is denied
+    unless a rule grants it: filesystem 13 rights from ABI 1, REFER 2, TRUNCATE 3, IOCTL_DEV 5, RESOLVE_UNIX 9;
+    network TCP bind and connect from 4; scope abstract Unix sockets and signals from 6."""
+    filesystem = 13 + (abi >= 2) + (abi >= 3) + (abi >= 5) + (abi >= 9)
+    return (1 << filesystem) - 1, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0
+
+
+def landlock(read_dir):
+    """Restrict this thread, and the threads and processes it starts later, to reading `read_dir`'s listing
+    and files, with no other filesystem access, no TCP bind or connect, and no abstract Unix sockets or
+    signals outside -> (Landlock ABI, None), or (None, why not) where the kernel offers no Landlock
+    (best effort: nothing is restricted then)."""
+    machine = os.uname().machine if sys.platform.startswith("linux") else sys.platform
+    if machine not in LANDLOCK_MACHINES:
+        return None, "no Landlock on %s" % machine
+    import ctypes                            # looked up only here, before the audit hook refuses ctypes
+    libc, c_u32 = ctypes.CDLL(None, use_errno=True), ctypes.c_uint32
+
+    def checked(result):
+        if result < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return result
+
+    def syscall(number, *args):              # variadic: every argument typed, structs as bytes
+        return checked(libc.syscall(ctypes.c_long(number), *args))
+    try:
+        abi = syscall(444, None, ctypes.c_size_t(0), c_u32(1))                  # LANDLOCK_CREATE_RULESET_VERSION
+        handled = b"".join(mask.to_bytes(8, sys.byteorder) for mask in landlock_rights(abi))
+        ruleset = syscall(444, handled, ctypes.c_size_t(24), c_u32(0))         # older kernels accept the zero tail
+        try:
+            parent = os.open(read_dir, os.O_PATH | _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                rule = LANDLOCK_READ.to_bytes(8, sys.byteorder) + parent.to_bytes(4, sys.byteorder, signed=True)
+                syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), rule, c_u32(0))     # LANDLOCK_RULE_PATH_BENEATH
+            finally:
+                os.close(parent)
+            checked(libc.prctl(ctypes.c_int(38), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                               ctypes.c_ulong(0)))                              # PR_SET_NO_NEW_PRIVS
+            syscall(446, ctypes.c_int(ruleset), c_u32(0))
+        finally:
+            os.close(ruleset)
+    except OSError as e:
+        return None, "Landlock unavailable: %s" % (e.strerror or e)
+    return abi, None
+
+
+def audit_hook(read_dir):
+    """An audit hook (for sys.addaudithook) that refuses, from then on, opening a file to write, opening or
+    listing anything outside `read_dir`, new imports, processes, signals, sockets, ctypes and changes on disk,
+    on every OS. It stops Python code, not native code: Landlock is the kernel's boundary where it exists."""
+    allowed = os.path.normcase(read_dir)
+
+    def outside(path):
+        path = os.path.normcase(os.path.abspath(os.fsdecode(path)))
+        return path != allowed and not path.startswith(allowed + os.sep)
+
+    def hook(event, args):
+        if event == "open":                  # a descriptor already open keeps its rights (stdio)
+            refused = not isinstance(args[0], int) and (
+                bool(set(args[1] or "") & set("wax+")) or args[2] & _WRITE_FLAGS or outside(args[0]))
+        elif event in ("os.listdir", "os.scandir"):
+            refused = not isinstance(args[0], int) and outside(args[0] or ".")
+        else:
+            refused = event.startswith(REFUSED_EVENTS)
+        if refused:
+            what = "%s %.200r" % (event, args[0]) if args else event
+            raise (ImportError if event == "import" else PermissionError)(
+                "verified-memory sandbox: %s refused after startup" % what)
+    return hook
+
+
+def apply_sandbox(read_dir, mode):
+    """Apply --sandbox `mode` ("auto", "on" or "off") -> what is enforced, also said on stderr: "landlock ABI N",
+    "audit hook only" or "off". Call it once, after the pack and host files are read and verified, before any
+    thread starts (Landlock binds only the calling thread and those it starts later) and before the first
+    protocol byte. PackError when `on` finds no Landlock."""
+    status, reason = "off", None
+    if mode != "off":
+        import traceback                     # 3.13 formats tracebacks in Python, reading sources lazily:
+        try:                                 # load that code now, with this file's lines cached
+            raise RuntimeError("warm-up")
+        except RuntimeError:
+            traceback.format_exc()
+        abi, reason = landlock(read_dir)
+        if abi is None and mode == "on":
+            raise PackError("--sandbox=on needs Landlock (%s); use --sandbox=auto for the audit hook alone" % reason)
+        sys.addaudithook(audit_hook(read_dir))
+        status = "audit hook only" if abi is None else "landlock ABI %d" % abi
+    print("verified-memory: sandbox: %s%s" % (status, " (%s)" % reason if reason else ""), file=sys.stderr)
+    return status
+
+
+# ============================================================================
 # §7 Search index
 # ============================================================================
 
@@ -2369,13 +2480,15 @@ Trust flags (serve, check, search, get, check-payee), also as --flag=value:
   --min-sequence N               refuse a pack whose signed PACK.json sequence is missing or lower
   --require-signature[=true|false]  require a signature by a trusted or pinned key
   --strict[=true|false]          require a trusted signature and an unexpired PACK.json
-An empty value, or one starting with ${, turns a setting off. Paths must be absolute.
+  --sandbox auto|on|off          once verified, restrict this process to reading the pack (default auto;
+                                 `on` refuses to start without Linux Landlock, `off` is for debugging)
+An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be absolute.
 Without --pack, a checkout serves the examples/pack folder beside this file.
 --help shows this text; --version the version."""
 PYTHON_COMMAND = "python" if os.name == "nt" else "python3"     # what a python.org install puts on PATH
 TRUST_FLAGS = {"--trusted-keys": "value", "--trusted-fingerprint": "list", "--revoked-keys": "value",
                "--min-sequence": "value", "--require-signature": "bool", "--strict": "bool"}
-SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "value"})
+SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "value", "--sandbox": "value"})
 COMMANDS = {"serve": (SERVE_FLAGS, ()), "check": (SERVE_FLAGS, ()), "search": (SERVE_FLAGS, ("QUERY",)),
             "get": (SERVE_FLAGS, ("RECORD_ID",)),
             "check-payee": (dict(SERVE_FLAGS, **{"--payee": "value", "--account": "value"}), ()),
@@ -2418,7 +2531,7 @@ def parse_args(argv):
                 raise UsageError("%s needs a value" % name)
             value, i = argv[i], i + 1
         if value == "" or value.startswith("${"):  # Claude Desktop passes ${user_config.x} when a setting is unset
-            if name not in TRUST_FLAGS:              # only trust settings can be switched off; a path cannot
+            if name not in TRUST_FLAGS and name != "--sandbox":   # settings can be unset (--sandbox: auto), a path not
                 raise UsageError("%s is empty or an unexpanded %r" % (name, value) if value else "%s is empty" % name)
             value = None
         if kind == "bool" and value not in (None, "true", "false"):
@@ -2497,8 +2610,12 @@ def main(argv=None):
             return dist_command(options)
         if command == "check-payee" and not (options.get("--payee") and options.get("--account")):
             raise UsageError("check-payee needs --payee NAME and --account ACCOUNT")
+        mode = options.get("--sandbox") or "auto"   # unset, empty or ${...}: auto
+        if mode not in SANDBOX_MODES:
+            raise UsageError("--sandbox takes auto, on or off, got %r" % mode)
         policy, root = policy_from_options(options), pack_root(options)
         snapshot = load_pack(root, policy, time.time_ns())
+        sandbox = apply_sandbox(snapshot.root, mode)   # before any thread starts and the first protocol byte
     except UsageError as e:
         print("verified-memory: %s (see --help)" % e, file=sys.stderr)
         return 2
@@ -2517,7 +2634,7 @@ def main(argv=None):
         print("verified-memory: warning: pack is signed by %s, which is not a key you trust; signature.status is "
               "untrusted" % snapshot.signature["fingerprint"], file=sys.stderr)
     if command == "check":
-        _print_json({"pack": snapshot.root, "verification": verification})
+        _print_json({"pack": snapshot.root, "verification": verification, "sandbox": sandbox})
         return 0
     if command in ("search", "get", "check-payee"):
         name = "verified_memory_" + command.replace("-", "_")
