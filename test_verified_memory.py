@@ -2796,6 +2796,9 @@ sys.__stdout__.write("\n" + json.dumps(seen) + "\n")
 """
 
 
+PAYEE_MATCH = {"payee": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 00"}
+
+
 class TestSandboxedServing(McpProcessCase, SignedCase):
     def mode(self):
         """--sandbox=on where Landlock is available, else auto (the audit hook)."""
@@ -2807,21 +2810,26 @@ class TestSandboxedServing(McpProcessCase, SignedCase):
                 replies, done = self.session(initialize(version), {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
                                              call(3, "verified_memory_search", {"query": "compost bay"}),
                                              call(4, "verified_memory_get", {"id": "M-garden-7"}),
-                                             {"jsonrpc": "2.0", "id": 5, "method": "ping"}, args=(self.mode(),))
+                                             {"jsonrpc": "2.0", "id": 5, "method": "ping"},
+                                             call(6, "verified_memory_check_payee", PAYEE_MATCH), args=(self.mode(),))
                 self.assertIn(b"verified-memory: sandbox: " + auto_sandbox().encode() + b"\n", done.stderr)
-                self.assertEqual(len(replies[1]["result"]["tools"]), 2)
+                self.assertEqual(len(replies[1]["result"]["tools"]), 3)
                 self.assertEqual(json.loads(replies[2]["result"]["content"][0]["text"])["matches"][0]["record_id"],
                                  "M-garden-6")
                 self.assertIn("GARDEN-ACCT-0042", replies[3]["result"]["content"][0]["text"])
                 self.assertEqual(replies[4]["result"], {})
+                self.assertIn('"outcome":"match"', replies[5]["result"]["content"][0]["text"])
         meta = {"_meta": MODERN_META}
         replies, _ = self.session({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": meta},
                                   call(2, "verified_memory_search", {"query": "compost bay"}, params=dict(
                                       meta, name="verified_memory_search", arguments={"query": "compost bay"})),
                                   call(3, "verified_memory_get", {}, params=dict(
                                       meta, name="verified_memory_get", arguments={"id": "M-garden-7"})),
+                                  call(4, "verified_memory_check_payee", {}, params=dict(
+                                      meta, name="verified_memory_check_payee", arguments=PAYEE_MATCH)),
                                   args=(self.mode(),))
-        self.assertEqual([reply["result"]["resultType"] for reply in replies], ["complete"] * 3)
+        self.assertEqual([reply["result"]["resultType"] for reply in replies], ["complete"] * 4)
+        self.assertEqual(replies[3]["result"]["structuredContent"]["outcome"], "match")
         self.assertEqual(replies[1]["result"]["structuredContent"]["matches"][0]["record_id"], "M-garden-6")
         self.assertTrue(replies[2]["result"]["structuredContent"]["found"])
 
