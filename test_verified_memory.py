@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -4184,6 +4185,1009 @@ class TestCheckPayeeCommand(McpProcessCase):
         self.assertEqual(result["structuredContent"]["outcome"], "match")
         self.assertEqual(json.loads(result["content"][0]["text"]), result["structuredContent"])
         self.assertTrue(replies[3]["result"]["isError"])
+
+
+# ---------------------------------------------------------------------------
+# import, export-shape and the pack maker, on invented exports of both vendors
+# ---------------------------------------------------------------------------
+
+# The fact sheet's invented examples (../shared/spec/chat-exports-facts.md §4), verbatim.
+FACT_CHATGPT = r'''[
+ {"id":"c-1", "title":"Compost turning", "create_time":1717236000.0, "current_node":"a1b", "mapping":{
+  "client-created-root":{"parent":null, "children":["sys"], "message":null},
+  "sys":{"parent":"client-created-root", "children":["u1", "u1b"], "message":{"author":{"role":"system"},
+   "create_time":null, "content":{"content_type":"text", "parts":[""]}, "weight":0.0,
+   "metadata":{"is_visually_hidden_from_conversation":true}, "recipient":"all"}},
+  "u1":{"parent":"sys", "children":[], "message":{"author":{"role":"user"}, "create_time":1717236005.25,
+   "content":{"content_type":"text", "parts":["How often should we turn the compost bins?"]}}},
+  "u1b":{"parent":"sys", "children":["a1b"], "message":{"author":{"role":"user"}, "create_time":1717236100.5,
+   "content":{"content_type":"text", "parts":["How often should we turn the compost bins in summer?"]}}},
+  "a1b":{"parent":"u1b", "children":[], "message":{"author":{"role":"assistant"}, "create_time":1717236104.999,
+   "content":{"content_type":"text", "parts":["About once a week in summer.\ue200cite\ue202turn0search0\ue201"]}}}
+ }},
+ {"id":"c-2", "title":"Sunny beds", "create_time":1717322400.0, "update_time":null, "current_node":"a3", "mapping":{
+  "client-created-root":{"parent":null, "children":["u2"], "message":null},
+  "u2":{"parent":"client-created-root", "children":["a2"], "message":{"author":{"role":"user"},
+   "create_time":1717322401.0, "content":{"content_type":"multimodal_text",
+   "parts":[{"content_type":"image_asset_pointer", "asset_pointer":"sediment://file_0000garden", "size_bytes":2048,
+   "width":640, "height":480}, "Here is our bed map. Which beds get the most sun?"]}}},
+  "a2":{"parent":"u2", "children":["t2"], "message":{"author":{"role":"assistant"}, "create_time":1717322405.0,
+   "content":{"content_type":"code", "language":"python", "text":"print(sunniest(beds))"}, "recipient":"python"}},
+  "t2":{"parent":"a2", "children":["a3"], "message":{"author":{"role":"tool", "name":"python"},
+   "create_time":1717322406.0, "content":{"content_type":"execution_output", "text":"['A1', 'B2']"}}},
+  "a3":{"parent":"t2", "children":[], "message":{"author":{"role":"assistant"}, "create_time":1717322410.5,
+   "content":{"content_type":"text", "parts":["Beds A1 and B2 get the most sun."]}}}
+ }}
+]'''
+FACT_CLAUDE = r'''[
+ {"uuid":"k-1", "name":"Seed swap flyer", "created_at":"2024-06-03T09:00:00.000001Z",
+   "updated_at":"2024-06-03T09:00:20.500000Z", "account":{"uuid":"acct-1"}, "chat_messages":[
+  {"uuid":"h1", "sender":"human", "text":"Can you tighten the attached flyer text?", "content":[{"type":"text",
+   "text":"Can you tighten the attached flyer text?"}], "created_at":"2024-06-03T09:00:01.654321Z",
+   "attachments":[{"file_name":"flyer.txt", "file_size":81, "file_type":"text/plain",
+   "extracted_content":"Seed swap this Saturday at Willowbrook Community Garden. Bring seeds, take seeds!"}],
+   "parent_message_uuid":"00000000-0000-4000-8000-000000000000"},
+  {"uuid":"x1", "sender":"assistant", "text":"", "content":[{"type":"thinking", "thinking":"Short and friendly."},
+   {"type":"text", "text":"Seed swap Saturday at Willowbrook: "}, {"type":"text", "text":"bring seeds, take seeds."}],
+   "created_at":"2024-06-03T09:00:19.999999Z", "parent_message_uuid":"h1"}
+ ]},
+ {"uuid":"k-2", "name":"Rain barrel spot", "created_at":"2024-06-04T18:30:00.000000Z",
+   "updated_at":"2024-06-04T18:30:09.400000Z", "chat_messages":[
+  {"uuid":"x2", "sender":"assistant", "text":"Let me check the plot notes.\n\nPut it under the north shed downspout.",
+   "content":[{"type":"text", "text":"Let me check the plot notes."}, {"type":"tool_use", "id":"toolu_01",
+   "name":"view", "input":{"path":"plot-notes.md"}}, {"type":"tool_result", "tool_use_id":"toolu_01", "name":"view",
+   "is_error":false, "content":[{"type":"text", "text":"North shed: downspout, level ground."}]}, {"type":"text",
+   "text":"Put it under the north shed downspout."}], "created_at":"2024-06-04T18:30:09.400000Z",
+   "parent_message_uuid":"h2"},
+  {"uuid":"h2", "sender":"human", "text":"Where should the rain barrel go?", "content":[{"type":"text",
+   "text":"Where should the rain barrel go?"}], "created_at":"2024-06-04T18:30:02.100000Z",
+   "files":[{"file_name":"plot-map.png"}], "parent_message_uuid":"00000000-0000-4000-8000-000000000000"}
+ ]}
+]'''
+FACT_CHATGPT_MESSAGES = [
+    (1, "2024-06-01T10:01:40Z", "user", "How often should we turn the compost bins in summer?"),
+    (2, "2024-06-01T10:01:44Z", "ChatGPT", "About once a week in summer."),
+    (3, "2024-06-02T10:00:01Z", "user", "Here is our bed map. Which beds get the most sun?"),
+    (4, "2024-06-02T10:00:10Z", "ChatGPT", "Beds A1 and B2 get the most sun.")]
+FACT_CLAUDE_MESSAGES = [
+    (1, "2024-06-03T09:00:01Z", "user", "Can you tighten the attached flyer text?"),
+    (2, "2024-06-03T09:00:19Z", "Claude", "Seed swap Saturday at Willowbrook: bring seeds, take seeds."),
+    (3, "2024-06-04T18:30:02Z", "user", "Where should the rain barrel go?"),
+    (4, "2024-06-04T18:30:09Z", "Claude", "Let me check the plot notes.\n\nPut it under the north shed downspout.")]
+
+
+def gpt_node(parent, children, role=None, parts=None, time=None, content=None, **message):
+    """A ChatGPT mapping node; role None makes the root (no message)."""
+    if role is not None:
+        message.update(author={"role": role}, create_time=time,
+                       content=content or {"content_type": "text", "parts": parts or []})
+    return {"parent": parent, "children": children, "message": message or None}
+
+
+def gpt_conversation(conversation_id, title, create_time, nodes, current_node=None, **extra):
+    conversation = {"id": conversation_id, "title": title, "create_time": create_time, "mapping": nodes}
+    if current_node is not None:
+        conversation["current_node"] = current_node
+    conversation.update(extra)
+    return conversation
+
+
+# More of the fact sheet's cases: custom instructions, thoughts, memory, audio, old citation marks, a regenerated
+# reply and no current_node (the newest leaf is shown), non-BMP text, null times, null title, nothing to keep.
+EXTRA_CHATGPT = [
+    gpt_conversation("c-3", "Seedlings \U0001F331", 1717408800.0, {
+        "n3-root": gpt_node(None, ["n3-ctx"]),
+        "n3-ctx": gpt_node("n3-root", ["n3-u"], "user", time=None, metadata={
+            "is_visually_hidden_from_conversation": True}, content={
+            "content_type": "user_editable_context", "user_profile": "Rowan, plot 7",
+            "user_instructions": "Answer briefly."}),
+        "n3-u": gpt_node("n3-ctx", ["n3-empty"], "user", time=None, content={
+            "content_type": "multimodal_text", "parts": [
+                {"content_type": "audio_transcription", "text": "Do \U0001D518-shaped tomato seedlings \U0001F345 "
+                                                                 "need hardening off?"},
+                {"content_type": "audio_asset_pointer", "asset_pointer": "sediment://file_voice_note"}]}),
+        "n3-empty": gpt_node("n3-u", ["n3-think"], "assistant", ["  "], 1717408801.0),
+        "n3-think": gpt_node("n3-empty", ["n3-a", "n3-a2"], "assistant", time=1717408802.0, content={
+            "content_type": "thoughts", "thoughts": [{"summary": "Hardening", "content": "Secret reasoning."}]}),
+        "n3-a": gpt_node("n3-think", [], "assistant", ["Yes, over a week\u30103\u2020source\u3011 outdoors."],
+                         1717408900.75),
+        "n3-a2": gpt_node("n3-think", ["n3-mem"], "assistant", ["Yes: a week of hardening off\u30104\u2020garden"
+                                                                "\u3011."], 1717409000.0),
+        "n3-mem": gpt_node("n3-a2", [], "assistant", time=1717409001.0, content={
+            "content_type": "model_editable_context", "model_set_context": "Rowan grows tomatoes."}),
+    }),
+    gpt_conversation("c-4", None, None, {
+        "n4-root": gpt_node(None, ["n4-u"]),
+        "n4-u": gpt_node("n4-root", ["n4-a"], "user", ["Which shed key opens the gate?"], None),
+        "n4-a": gpt_node("n4-u", ["n4-call"], "assistant", ["The brass one."], 1717500000.0),
+        "n4-call": gpt_node("n4-a", [], "assistant", ["search(keys)"], 1717500001.0, recipient="browser"),
+    }, "n4-call", update_time=None),
+    gpt_conversation("c-5", "Only a system note", 1717600000.0, {
+        "n5-root": gpt_node(None, ["n5-s"]),
+        "n5-s": gpt_node("n5-root", [], "system", ["You are ChatGPT."], None),
+    }, "n5-s"),
+]
+
+EXTRA_CLAUDE = [
+    {"uuid": "k-3", "name": "", "created_at": "2024-10-18T05:30:00.000000Z", "chat_messages": [   # Oct 2024 shape
+        {"uuid": "x3", "sender": "assistant", "text": " Sure: <antArtifact identifier=\"greens\">Kale, chard"
+                                                     "</antArtifact>", "created_at": "2024-10-18T05:30:10.325754Z"},
+        {"uuid": "h3", "sender": "human", "text": "List two winter greens \U0001F96C.",
+         "created_at": "2024-10-18T05:30:10.325754Z"}]},
+    {"uuid": "k-4", "name": "Edited question", "created_at": "2026-02-01T10:00:00.000000Z", "chat_messages": [
+        {"uuid": "h4", "sender": "human", "text": "Plan the spring beds.", "content": [
+            {"type": "text", "text": "Plan the spring beds."}], "created_at": "2026-02-01T10:00:01.000000Z",
+         "parent_message_uuid": "00000000-0000-4000-8000-000000000000"},
+        {"uuid": "x4", "sender": "assistant", "text": "", "content": [{"type": "text", "text": "Peas first."}],
+         "created_at": "2026-02-01T10:00:03.000000Z", "parent_message_uuid": "h4"},
+        {"uuid": "h4b", "sender": "human", "text": "And then?", "content": [{"type": "text", "text": "And then?"}],
+         "created_at": "2026-02-01T10:00:09.000000Z", "parent_message_uuid": "x4"},
+        {"uuid": "h4a", "sender": "human", "text": "And after?", "content": [{"type": "text", "text": "And after?"}],
+         "created_at": "2026-02-01T10:00:05.000000Z", "parent_message_uuid": "x4"},
+        {"uuid": "x4b", "sender": "assistant", "text": "", "content": [{"type": "text", "text": "Beans in May."}],
+         "created_at": "2026-02-01T10:00:12+01:00", "parent_message_uuid": "h4b"}]},
+    {"uuid": "k-5", "name": "Nothing yet", "created_at": "2026-02-02T10:00:00.000000Z", "chat_messages": []},
+    {"uuid": "k-6", "name": "Lost parent", "created_at": "2026-02-03T10:00:00.000000Z", "chat_messages": [
+        {"uuid": "h6c", "sender": "human", "text": "Third.", "content": [], "created_at": "2026-02-03T10:00:09Z",
+         "parent_message_uuid": "gone"},
+        {"uuid": "x6", "sender": "assistant", "text": "Second.", "content": [], "created_at": "2026-02-03T10:00:05Z",
+         "parent_message_uuid": "h6"},
+        {"uuid": "h6", "sender": "human", "text": "", "content": [], "created_at": "2026-02-03T10:00:01Z",
+         "attachments": [{"file_name": "notes.txt", "extracted_content": "A long pasted note."}],
+         "parent_message_uuid": "gone"}]},
+]
+EXTRA_CHATGPT_MESSAGES = [
+    (5, "2024-06-03T10:00:00Z", "user", "Do \U0001D518-shaped tomato seedlings \U0001F345 need hardening off?"),
+    (6, "2024-06-03T10:03:20Z", "ChatGPT", "Yes: a week of hardening off."),
+    (7, "2024-06-04T11:20:00Z", "ChatGPT", "The brass one.")]
+EXTRA_CLAUDE_MESSAGES = [
+    (5, "2024-10-18T05:30:10Z", "user", "List two winter greens \U0001F96C."),
+    (6, "2024-10-18T05:30:10Z", "Claude", "Sure: <antArtifact identifier=\"greens\">Kale, chard</antArtifact>"),
+    (7, "2026-02-01T10:00:01Z", "user", "Plan the spring beds."),
+    (8, "2026-02-01T10:00:03Z", "Claude", "Peas first."),
+    (9, "2026-02-01T10:00:09Z", "user", "And then?"),
+    (10, "2026-02-01T09:00:12Z", "Claude", "Beans in May."),
+    (11, "2026-02-03T10:00:05Z", "Claude", "Second."),
+    (12, "2026-02-03T10:00:09Z", "user", "Third.")]
+
+
+def chatgpt_export():
+    return json.loads(FACT_CHATGPT) + EXTRA_CHATGPT
+
+
+def claude_export():
+    return json.loads(FACT_CLAUDE) + EXTRA_CLAUDE
+
+
+def json_bytes(value):
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
+def zip_bytes(members, method=None):
+    """A zip holding {name: bytes}, members in the order given."""
+    import zipfile
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", method or zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def chatgpt_zip(conversations=None):
+    return zip_bytes({"conversations.json": json_bytes(conversations or chatgpt_export()),
+                      "user.json": b'{"id": "user-1", "email": "rowan@example.org", "chatgpt_plus_user": false}',
+                      "chat.html": b"<html><body>Compost turning</body></html>",
+                      "file-Ab12-our garden at dusk.png": b"\x89PNG not really"})
+
+
+def claude_zip():
+    folder = "data-2026-04-08-19-25-24-batch-0000/"
+    return zip_bytes({folder + "users.json": b'[{"uuid": "acct-1", "full_name": "Rowan Ash"}]',
+                      folder + "projects.json": b"[]", folder + "conversations.json": json_bytes(claude_export())})
+
+
+def strings_in(value):
+    """Every string in a JSON value except the values of the keys export-shape may show (its text, in short)."""
+    stack, found = [value], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(v for k, v in item.items() if k not in vm.SHAPE_VALUE_KEYS or not isinstance(v, str))
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            found.append(item)
+    return found
+
+
+def read_lines(path):
+    return [json.loads(line) for line in read(path).decode().splitlines()]
+
+
+class TestExportReaders(TempDirCase):
+    def messages(self, data, name="conversations.json"):
+        export = vm.read_export(data, name)
+        return [(i, date, speaker, text) for i, (date, speaker, text) in enumerate(export.messages, 1)]
+
+    def refuse(self, data, message, name="export.json"):
+        with self.assertRaises(vm.PackError) as caught:
+            vm.read_export(data, name)
+        self.assertEqual(str(caught.exception), message)
+
+    def test_the_fact_sheet_examples_give_the_expected_messages(self):
+        self.assertEqual(self.messages(FACT_CHATGPT.encode()), FACT_CHATGPT_MESSAGES)
+        self.assertEqual(self.messages(FACT_CLAUDE.encode()), FACT_CLAUDE_MESSAGES)
+
+    def test_chatgpt_visible_branch_and_what_is_left_out(self):
+        export = vm.read_export(json_bytes(chatgpt_export()), "c.json")
+        self.assertEqual(self.messages(json_bytes(chatgpt_export()))[4:], EXTRA_CHATGPT_MESSAGES)
+        self.assertEqual(export.vendor, "ChatGPT")
+        self.assertEqual(export.conversations, [("Compost turning", "2024-06-01T10:01:40Z", 0, 2),
+                                                ("Sunny beds", "2024-06-02T10:00:01Z", 2, 2),
+                                                ("Seedlings \U0001F331", "2024-06-03T10:00:00Z", 4, 2),
+                                                ("(untitled)", "2024-06-04T11:20:00Z", 6, 1)])
+        self.assertEqual(dict(export.skipped), {
+            "hidden": 2, "system": 1, "tool": 1, "tool call": 2, "other branch": 2, "empty": 1, "thoughts": 1,
+            "model_editable_context": 1, "undated": 1, "conversation without text": 1})
+        self.assertEqual(vm.export_summary(export), (
+            "ChatGPT export: 4 conversations, 7 messages; left out: 1 conversation without text, 1 empty, 2 hidden, "
+            "1 model_editable_context, 2 other branch, 1 system, 1 thoughts, 1 tool, 2 tool call, 1 undated"))
+
+    def test_claude_threads_blocks_attachments_and_old_exports(self):
+        export = vm.read_export(json_bytes(claude_export()), "c.json")
+        self.assertEqual(self.messages(json_bytes(claude_export()))[4:], EXTRA_CLAUDE_MESSAGES)
+        self.assertEqual(export.vendor, "Claude")
+        self.assertEqual([c[0] for c in export.conversations], ["Seed swap flyer", "Rain barrel spot", "(untitled)",
+                                                                "Edited question", "Lost parent"])
+        self.assertEqual(dict(export.skipped), {
+            "attachment": 3, "thinking block": 1, "tool_use block": 1, "tool_result block": 1, "other branch": 1,
+            "empty": 1, "conversation without text": 1})
+
+    def test_the_same_export_always_gives_the_same_messages(self):
+        forward = vm.messages_jsonl(enumerate(vm.read_export(json_bytes(chatgpt_export()), "a").messages, 1))
+        backward = vm.messages_jsonl(enumerate(vm.read_export(json_bytes(chatgpt_export()[::-1]), "b").messages, 1))
+        self.assertEqual(forward, backward)
+        self.assertEqual(forward.splitlines()[0], json.dumps(
+            {"id": 1, "date": "2024-06-01T10:01:40Z", "speaker": "user",
+             "text": "How often should we turn the compost bins in summer?"}).encode())
+        for i, line in enumerate(forward.decode().splitlines(), 1):
+            self.assertEqual(list(json.loads(line)), ["id", "date", "speaker", "text"])
+            self.assertEqual(json.loads(line)["id"], i)
+
+    def test_zip_and_bare_json_forms_agree(self):
+        self.assertEqual(vm.read_export(chatgpt_zip(), "export.zip"),
+                         vm.read_export(json_bytes(chatgpt_export()), "conversations.json"))
+        self.assertEqual(vm.read_export(claude_zip(), "download"),            # no .zip extension: found by content
+                         vm.read_export(json_bytes(claude_export()), "conversations.json"))
+        import zipfile
+        stored = zip_bytes({"x/conversations.json": json_bytes(chatgpt_export())}, zipfile.ZIP_STORED)
+        self.assertEqual(vm.read_export(stored, "e.zip").messages[:4], [m[1:] for m in FACT_CHATGPT_MESSAGES])
+
+    def test_shards_merge_and_keep_the_newer_copy(self):
+        older = gpt_conversation("c-9", "Old", 1717000000.0, {
+            "r": gpt_node(None, ["u"]), "u": gpt_node("r", [], "user", ["The old words."], 1717000001.0)}, "u",
+            update_time=1717000001.0)
+        newer = json.loads(json.dumps(older))
+        newer["mapping"]["u"]["message"]["content"]["parts"] = ["The new words."]
+        newer["update_time"] = 1717000500.0
+        for first, second in ((older, newer), (newer, older)):
+            data = zip_bytes({"conversations-001.json": json_bytes([second]),
+                              "conversations-000.json": json_bytes(json.loads(FACT_CHATGPT) + [first]),
+                              "conversations.json.index": b"{}", "export_manifest.json": b"{}"})
+            texts = [text for _, _, text in vm.read_export(data, "sharded.zip").messages]
+            self.assertIn("The new words.", texts)
+            self.assertNotIn("The old words.", texts)
+            self.assertEqual(len(texts), 5)
+
+    def test_times(self):
+        self.assertEqual(vm.export_time(1717236104.999), "2024-06-01T10:01:44Z")     # truncated, not rounded
+        self.assertEqual(vm.export_time(0), "1970-01-01T00:00:00Z")
+        self.assertEqual(vm.export_time(-0.5), "1969-12-31T23:59:59Z")                 # floor
+        self.assertEqual(vm.export_time("2024-10-18T05:30:10.325754Z"), "2024-10-18T05:30:10Z")
+        self.assertEqual(vm.export_time("2024-10-18T05:30:10+02:00"), "2024-10-18T03:30:10Z")
+        self.assertEqual(vm.export_time("0999-01-01T00:00:00Z"), "0999-01-01T00:00:00Z")
+        for bad in (None, "", "yesterday", "2024-02-30T00:00:00Z", "2024-10-18T05:30:10", float("nan"),
+                    float("inf"), 1e300, [], {}, "0001-01-01T00:00:00+01:00"):
+            with self.subTest(bad=bad):
+                self.assertIsNone(vm.export_time(bad))
+
+    def test_deep_trees_are_walked_without_recursion(self):
+        nodes, parent = {"root": gpt_node(None, ["m0"])}, "root"
+        for i in range(5000):
+            nodes["m%d" % i] = gpt_node(parent, ["m%d" % (i + 1)], ("user", "assistant")[i % 2], ["Step %d." % i],
+                                        1717000000.0 + i)
+            parent = "m%d" % i
+        nodes["m4999"]["children"] = []
+        nodes["m10"]["parent"] = "m20"                  # a loop of parents ends the walk instead of hanging
+        export = vm.read_export(json_bytes([gpt_conversation("deep", "Deep", 1717000000.0, nodes, "m4999")]), "d")
+        self.assertEqual(len(export.messages), 4990)
+        self.assertEqual(export.messages[0][2], "Step 10.")
+
+    def test_encodings(self):
+        # an emoji written as its two UTF-16 halves, each UTF-8 encoded (CESU-8), comes back as one character
+        cesu = "\U0001F331".encode("utf-16-be")
+        halves = b"".join(chr(int.from_bytes(cesu[i:i + 2], "big")).encode("utf-8", "surrogatepass") for i in (0, 2))
+        data = FACT_CHATGPT.encode().replace(b"About once a week", b"About once " + halves + b" a week")
+        self.assertEqual(vm.read_export(data, "c.json").messages[1][2], "About once \U0001F331 a week in summer.")
+        lone = FACT_CHATGPT.replace("Beds A1", "Beds \\ud800A1").replace("Sunny beds", "Sunny \\udc00")
+        export = vm.read_export(lone.encode(), "c.json")
+        self.assertEqual(export.messages[3][2], "Beds \ufffdA1 and B2 get the most sun.")
+        self.assertEqual(export.conversations[1][0], "Sunny \ufffd")
+        vm.messages_jsonl(enumerate(export.messages, 1))              # writable: no lone surrogate is left
+        self.refuse(b'[{"title": "\xff"}]', "export.json: is not UTF-8 (byte 13)")
+
+    def test_damaged_and_unknown_exports_are_refused_saying_what_was_found(self):
+        suggestion = ("; expected an array of ChatGPT (mapping) or Claude (chat_messages) conversations from one "
+                      "export. Run export-shape on it and include what it prints in a bug report")
+        self.refuse(b'[{"mapping": {}} {"mapping": {}}]',
+                    "export.json: is not valid JSON: Expecting ',' delimiter at line 1 column 18 (character 18)")
+        self.refuse(b'[{"mapping": {}},]', "export.json: is not valid JSON: Expecting value at line 1 column 18 "
+                                           "(character 18)")
+        self.refuse(b'[{"mapping": {}}] []', "export.json: is not valid JSON: Extra data at line 1 column 19 "
+                                             "(character 19)")
+        self.refuse(b'\n\n  [{"mapping": {"a": ', "export.json: is not valid JSON: Expecting value at line 3 "
+                                                   "column 22 (character 24)")
+        self.refuse(b"", "export.json: is not valid JSON: Expecting value at line 1 column 1 (character 1)")
+        self.refuse(b"[" * 100000, "export.json: nests too deeply to read")
+        self.refuse(b'{"email": "x", "id": 1}', "export.json: the whole file is an object with keys email, id"
+                    + suggestion)
+        self.refuse(b'[{"title": "t", "messages": []}]', "export.json: entry 1 is an object with keys messages, "
+                    "title" + suggestion)
+        self.refuse(b'[["not", "an object"]]', "export.json: entry 1 is a JSON array" + suggestion)
+        self.refuse(json_bytes(json.loads(FACT_CHATGPT) + json.loads(FACT_CLAUDE)[:1]),
+                    "export.json: entry 3 is an object with keys account, chat_messages, created_at, name, updated_at,"
+                    " uuid" + suggestion)
+        self.refuse(b'[{"mapping": []}]', "export.json: entry 1 is not shaped like a ChatGPT conversation "
+                    "(AttributeError: 'list' object has no attribute 'items'); run export-shape on it and include "
+                    "what it prints in a bug report")
+        self.refuse(b'[{"chat_messages": [{"content": "text"}]}]', "export.json: entry 1 is not shaped like a "
+                    "Claude conversation (AttributeError: 'str' object has no attribute 'get'); run export-shape on "
+                    "it and include what it prints in a bug report")
+        self.refuse(b"[]", "export.json: has 0 conversations but no user or assistant text to import")
+        self.refuse(zip_bytes({"user.json": b"{}", "chat.html": b""}), "export.json: is a zip without "
+                    "conversations.json; run export-shape on it to see what it holds")
+        whole = chatgpt_zip()
+        for cut in (len(whole) // 2, len(whole) - 30):
+            with self.assertRaises(vm.PackError) as caught:
+                vm.read_export(whole[:cut], "export.zip")
+            self.assertRegex(str(caught.exception), r"^export\.zip: is a damaged zip \(.+\); it may be truncated: "
+                                                    r"download the export again$")
+
+    def test_zip_bombs_are_refused_without_inflating_them(self):
+        import tracemalloc
+        import zipfile
+        bomb = zip_bytes({"conversations.json": bytes(32 << 20)})          # 32 MiB of zeros, about 32 KiB zipped
+        self.assertLess(len(bomb), 64 << 10)
+        # a lying bomb: its headers declare 1,000 bytes
+        lying = bytearray(bomb)
+        for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+            at = lying.index(signature) + offset
+            lying[at:at + 4] = (1000).to_bytes(4, "little")
+        self.assertEqual(zipfile.ZipFile(io.BytesIO(bytes(lying))).infolist()[0].file_size, 1000)
+        for data, limit, expected in (
+                (bomb, 1 << 20, "bomb.zip: conversations.json inflate to 33554432 bytes, past the limit of 1048576"),
+                (bytes(lying), 1 << 20, "bomb.zip: is a damaged zip (Bad CRC-32 for file 'conversations.json'); it "
+                                        "may be truncated: download the export again"),
+                (zip_bytes({"a/conversations-000.json": b"[]" + bytes(700), "conversations.json": b"[]" + bytes(700)}),
+                 1000, "bomb.zip: a/conversations-000.json, conversations.json inflate to 1404 bytes, past the limit "
+                       "of 1000")):
+            with self.subTest(expected=expected):
+                tracemalloc.start()
+                try:
+                    with mock.patch.object(vm, "MAX_EXPORT_BYTES", limit), self.assertRaises(vm.PackError) as caught:
+                        vm.read_export(data, "bomb.zip")
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                self.assertEqual(str(caught.exception), expected)
+                self.assertLess(peak, 4 << 20)                      # far below the 32 MiB it would inflate to
+
+    def test_export_shape_prints_structure_and_no_text(self):
+        for name, data, value in (("conversations.json", json_bytes(chatgpt_export()), chatgpt_export()),
+                                  ("export.zip", chatgpt_zip(), chatgpt_export()),
+                                  ("claude.json", json_bytes(claude_export()), claude_export()),
+                                  ("claude-export", claude_zip(), claude_export())):
+            with self.subTest(name=name):
+                path = os.path.join(self.tmp, name)
+                write(path, data)
+                done = run("export-shape", path)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                shape = done.stdout.decode()
+                texts = strings_in(value) + ["our garden at dusk", "Rowan Ash", "rowan@example.org", "Compost turning"]
+                self.assertEqual([text for text in texts if len(text) >= 4 and text in shape], [])
+                self.assertIn("  $[].chat_messages[].sender: string x14 (length 5 to 9); values: assistant x6, human "
+                              "x8\n" if "claude" in name else "  $[].mapping.<key>.message.author.role: string x", shape)
+        zipped = run("export-shape", os.path.join(self.tmp, "export.zip")).stdout.decode()
+        self.assertIn("conversations.json  %d bytes\n" % len(json_bytes(chatgpt_export())), zipped)
+        self.assertIn("chat.html  41 bytes\n", zipped)
+        self.assertIn("other files by extension: png x1\n", zipped)
+        self.assertIn("user.json:\n  $: object x1 (length 3 to 3)\n  $.chatgpt_plus_user: boolean x1\n"
+                      "  $.email: string x1 (length 17 to 17)\n  $.id: string x1 (length 6 to 6)\n", zipped)
+        self.assertIn("  $[].mapping.<key>.message.content.content_type: string x", zipped)
+        self.assertIn("  $[].mapping.<key>.message.content.content_type: string x11 (length 4 to 22); values: "
+                      "model_editable_context x1, multimodal_text x1, text x7, thoughts x1, user_editable_context x1\n",
+                      zipped)
+        self.assertIn("  $[].mapping.a2.message.content.content_type: string x1 (length 4 to 4); values: code x1\n",
+                      zipped)
+        bad = os.path.join(self.tmp, "bad.json")
+        write(bad, b'{"a": 1,}')
+        done = run("export-shape", bad)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 9",
+                      done.stderr)
+
+
+class TestImportCommand(TempDirCase):
+    def test_import_writes_stable_messages_that_build(self):
+        export = os.path.join(self.tmp, "chatgpt-export.zip")
+        write(export, chatgpt_zip())
+        first, second = os.path.join(self.tmp, "one.jsonl"), os.path.join(self.tmp, "two.jsonl")
+        done = run("import", "--export", export, "--out", first)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.decode(), "wrote %s from a ChatGPT export: 4 conversations, 7 messages; left "
+                         "out: 1 conversation without text, 1 empty, 2 hidden, 1 model_editable_context, 2 other "
+                         "branch, 1 system, 1 thoughts, 1 tool, 2 tool call, 1 undated\n" % first)
+        self.assertEqual(run("import", "--export", export, "--out", second).returncode, 0)
+        self.assertEqual(read(first), read(second))
+        self.assertEqual([list(m.values()) for m in read_lines(first)],
+                         [list(m) for m in FACT_CHATGPT_MESSAGES + EXTRA_CHATGPT_MESSAGES])
+        records = os.path.join(self.tmp, "records.jsonl")
+        write(records, record_line({"record_id": "M-seedlings", "role": "user", "topic": "Seedlings",
+                                    "category": "garden", "quotes": [{"message_id": 5, "quote": "need hardening off"}]})
+              + "\n")
+        pack = os.path.join(self.tmp, "pack")
+        done = run("build", "--messages", first, "--records", records, "--out", pack, "--title", "Garden")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        evidence = self.load(pack).record(0)["evidence"][0]
+        self.assertEqual((evidence["start"], evidence["date_utc"]), (31, "2024-06-03T10:00:00Z"))  # code points
+
+    def test_never_overwrites_and_refuses_clearly(self):
+        export = os.path.join(self.tmp, "conversations.json")
+        write(export, FACT_CLAUDE)
+        out = os.path.join(self.tmp, "messages.jsonl")
+        write(out, "mine\n")
+        done = run("import", "--export", export, "--out", out)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"already exists; --out must name something that does not exist yet", done.stderr)
+        self.assertEqual(read(out), b"mine\n")
+        self.assertEqual(run("import", "--export", export).returncode, 2)
+        write(export, b'[{"mapping": {}}')
+        done = run("import", "--export", export, "--out", os.path.join(self.tmp, "new.jsonl"))
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"is not valid JSON: Expecting ',' delimiter at line 1 column 17 (character 17)", done.stderr)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["conversations.json", "messages.jsonl"])
+
+    def test_an_export_over_the_size_limit_is_refused_unread(self):
+        export = os.path.join(self.tmp, "conversations.json")
+        write(export, FACT_CHATGPT)
+        with mock.patch.object(vm, "MAX_EXPORT_BYTES", 1000), contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(vm.main(["import", "--export", export, "--out", os.path.join(self.tmp, "m")]), 1)
+        self.assertEqual(err.getvalue(), "verified-memory: refused: %s: is %d bytes; the limit is 1000\n"
+                         % (export, len(FACT_CHATGPT.encode())))
+
+    def test_a_failed_write_leaves_nothing(self):
+        export = os.path.join(self.tmp, "conversations.json")
+        write(export, FACT_CHATGPT)
+        out = os.path.join(self.tmp, "messages.jsonl")
+
+        def full_disk(fd, data):
+            raise OSError(28, "No space left on device")
+        with mock.patch.object(vm.os, "write", full_disk), contextlib.redirect_stderr(io.StringIO()) as err, \
+                contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(vm.main(["import", "--export", export, "--out", out]), 1)
+        self.assertIn("failed, nothing was written: [Errno 28] No space left on device", err.getvalue())
+        self.assertFalse(os.path.lexists(out))
+
+
+class MakerProcess:
+    """`verified_memory.py maker` in a process, driven over HTTP with http.client."""
+
+    def __init__(self, case, export, out, *extra):
+        self.case = case
+        self.proc = subprocess.Popen([sys.executable, SCRIPT, "maker", "--export", export, "--out", out] + list(extra),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        case.addCleanup(self.stop)
+        self.summary = self.proc.stdout.readline().decode()
+        line = self.proc.stdout.readline().decode()
+        match = re.search(r"open (http://127\.0\.0\.1:([0-9]+))/\?token=([0-9a-f]+) in your browser", line)
+        case.assertTrue(match, (line, self.proc.stderr.read() if self.proc.poll() is not None else ""))
+        self.origin, self.port, self.token = match.group(1), int(match.group(2)), match.group(3)
+        self.cookie = None
+
+    def request(self, method, path, body=None, **headers):
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            connection.request(method, path, body, {k.replace("_", "-"): v for k, v in headers.items()})
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+    def login(self):
+        status, headers, _ = self.request("GET", "/?token=" + self.token)
+        self.case.assertEqual((status, headers["location"]), (303, "/"))
+        self.cookie = headers["set-cookie"].split(";")[0]
+        self.case.assertIn("; HttpOnly; SameSite=Strict; Path=/", headers["set-cookie"])
+        return self
+
+    def api(self, name, body=None, status=200):
+        code, headers, data = self.request("POST", "/api/" + name, json.dumps(body or {}), Cookie=self.cookie,
+                                           Origin=self.origin, Content_Type="application/json")
+        self.case.assertEqual(code, status, data)
+        self.case.assertEqual(headers["content-type"], "application/json")
+        return json.loads(data)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+class MakerCase(TempDirCase):
+    def start(self, data=None, *extra, name="chatgpt-export.zip"):
+        self.export = os.path.join(self.tmp, name)
+        if not os.path.exists(self.export):
+            write(self.export, chatgpt_zip() if data is None else data)
+        self.out = os.path.join(self.tmp, "maker-pack")
+        return MakerProcess(self, self.export, self.out, *extra)
+
+    def cli_pack(self, records, title="Memory from my ChatGPT export", description=""):
+        """The same selection made with import + build, in its own folder."""
+        folder = os.path.join(self.tmp, "cli")
+        os.mkdir(folder)
+        messages, records_file = os.path.join(folder, "messages.jsonl"), os.path.join(folder, "records.jsonl")
+        self.assertEqual(run("import", "--export", self.export, "--out", messages).returncode, 0)
+        write(records_file, records)
+        pack = os.path.join(folder, "pack")
+        done = run("build", "--messages", messages, "--records", records_file, "--out", pack, "--title", title,
+                   *(("--description", description) if description else ()))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return pack, messages
+
+
+RECORDS = [{"record_id": "M-compost", "role": "agent", "topic": "Compost", "category": "garden",
+            "quotes": [{"message_id": 2, "quote": "About once a week in summer.", "start": 0}]},
+           {"record_id": "M-seedlings", "role": "user", "topic": "Seedlings \U0001F331", "category": "garden",
+            "statement": "Rowan asked about hardening off.", "quotes": [
+                {"message_id": 5, "quote": "tomato seedlings \U0001F345 need", "start": 12},
+                {"message_id": 1, "quote": "compost bins"}]}]
+
+
+class TestPackMakerApi(MakerCase):
+    def test_refuses_requests_without_the_token_from_other_hosts_and_from_other_origins(self):
+        maker = self.start()
+        status, headers, body = maker.request("GET", "/")
+        self.assertEqual((status, json.loads(body)), (403, {"error": "no maker session: open the address the "
+                                                                      "maker printed (its token works once)"}))
+        self.assertEqual(maker.request("GET", "/?token=" + "0" * len(maker.token))[0], 403)
+        self.assertEqual(maker.request("GET", "/?token=" + maker.token, Host="attacker.example:%d" % maker.port)[0],
+                         403)                               # DNS rebinding: refused, and the token is not spent
+        maker.login()
+        self.assertEqual(maker.request("GET", "/?token=" + maker.token)[0], 403)      # the token works once
+        status, headers, body = maker.request("GET", "/", Cookie=maker.cookie)
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["content-type"], "text/html; charset=utf-8")
+        self.assertEqual(headers["content-security-policy"], "default-src 'none'; script-src 'self'; style-src "
+                         "'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+        self.assertEqual(headers["x-content-type-options"], "nosniff")
+        self.assertNotIn(b"<script>", body)                  # no inline script: the CSP would block it anyway
+        self.assertNotRegex(body.decode(), r"\son[a-z]+=")    # nor inline handlers
+        for path, kind in (("/maker.js", "text/javascript; charset=utf-8"), ("/maker.css", "text/css; charset=utf-8")):
+            status, headers, _ = maker.request("GET", path, Cookie=maker.cookie)
+            self.assertEqual((status, headers["content-type"]), (200, kind))
+        self.assertEqual(maker.request("GET", "/other", Cookie=maker.cookie)[0], 404)
+        host = maker.request("GET", "/", Cookie=maker.cookie, Host="attacker.example:%d" % maker.port)
+        self.assertEqual(host[0], 403)
+        self.assertIn(b"wrong Host header", host[2])
+        body = json.dumps({"query": "compost"})
+        for headers in ({"Origin": "http://attacker.example"}, {"Origin": "null"}, {},
+                        {"Origin": "http://localhost:%d" % maker.port}):
+            with self.subTest(headers=headers):
+                status, _, data = maker.request("POST", "/api/search", body, Cookie=maker.cookie, **headers)
+                self.assertEqual((status, json.loads(data)), (403, {"error": "requests from other origins are "
+                                                                             "refused"}))
+        status, _, data = maker.request("POST", "/api/search", body, Origin=maker.origin)
+        self.assertEqual(status, 403)
+        status, _, data = maker.request("POST", "/api/search", body, Origin=maker.origin, Cookie=maker.cookie + "0")
+        self.assertEqual(status, 403)
+        self.assertEqual(maker.api("search", {"query": "compost"})["matched"], 1)
+        for path, payload in (("/api/nothing", "{}"), ("/api/search", "[1]"), ("/api/search", "{bad")):
+            status, _, data = maker.request("POST", path, payload, Cookie=maker.cookie, Origin=maker.origin)
+            self.assertEqual(status, 400, data)
+            self.assertIn("error", json.loads(data))
+        connection = http.client.HTTPConnection("127.0.0.1", maker.port, timeout=60)
+        connection.putrequest("POST", "/api/state")
+        connection.putheader("Cookie", maker.cookie)
+        connection.putheader("Origin", maker.origin)
+        connection.endheaders()
+        self.assertEqual(connection.getresponse().status, 400)        # no Content-Length
+        connection.close()
+
+    def test_state_conversations_and_search_by_the_search_tools_word_rules(self):
+        maker = self.start().login()
+        state = maker.api("state")
+        self.assertEqual(state["summary"], maker.summary.strip())
+        self.assertEqual((state["assistant"], state["out"], state["records"], state["cited"]),
+                         ("ChatGPT", self.out, [], {}))
+        self.assertEqual(state["conversations"][:2], [["Compost turning", "2024-06-01T10:01:40Z", 2],
+                                                      ["Sunny beds", "2024-06-02T10:00:01Z", 2]])
+        conversation = maker.api("conversation", {"index": 2})
+        self.assertEqual(conversation["messages"], [list(m) for m in EXTRA_CHATGPT_MESSAGES[:2]])
+        for index in (-1, 4, "0", None):
+            maker.api("conversation", {"index": index}, status=400)
+        messages = [m for m in FACT_CHATGPT_MESSAGES + EXTRA_CHATGPT_MESSAGES]
+        for query in ("compost SUMMER", "ＣＯＭＰＯＳＴ", "compos", "the", "beds sun", "most the beds",
+                      "seedlings \U0001F345 hardening", "week", "brass one", "nothing-here"):
+            with self.subTest(query=query):
+                words = set(vm.search_words(query))
+                expected = [m for m in messages if words <= set(vm.search_words(m[3]))]
+                found = maker.api("search", {"query": query})
+                self.assertEqual(found["matched"], len(expected))
+                self.assertEqual([r[0] for r in found["results"]], [m[0] for m in expected][::-1])   # newest first
+        result = maker.api("search", {"query": "hardening"})["results"][0]
+        self.assertEqual(result, [6, 2, "2024-06-03T10:03:20Z", "ChatGPT", "Yes: a week of hardening off."])
+        self.assertEqual(maker.api("search", {"query": "x" * 513}, status=400),
+                         {"error": "the query must be 1 to 512 characters long"})
+        self.assertEqual(maker.api("search", {"query": " ".join("w%d" % i for i in range(33))}, status=400),
+                         {"error": "the query has 33 different words; the limit is 32"})
+
+    def test_records_build_a_pack_identical_to_import_and_build(self):
+        maker = self.start().login()
+        lines = maker.api("records", {"records": RECORDS})["jsonl"]
+        self.assertEqual(lines, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in RECORDS))
+        wrong = json.loads(json.dumps(RECORDS))
+        wrong[1]["quotes"][0]["start"] = 13
+        self.assertEqual(maker.api("records", {"records": wrong}, status=400), {"error": (
+            "records.jsonl line 2, field quotes[0].start: the quote is not at code point 13 of message 5; it starts "
+            "at: 12")})
+        wrong[1]["quotes"][0] = {"message_id": 99, "quote": "x"}
+        self.assertIn("message 99 is not in the messages file", maker.api("records", {"records": wrong}, 400)["error"])
+        self.assertEqual(maker.api("records", {"records": "M-1"}, 400), {"error": "records must be a list of objects"})
+        self.assertFalse(os.path.exists(self.out))
+        report = maker.api("build", {"title": "Garden memory", "description": "From the maker.", "records": RECORDS})
+        cli, _ = self.cli_pack(lines, "Garden memory", "From the maker.")
+        self.assertEqual(sorted(os.listdir(self.out)), sorted(os.listdir(cli)))
+        for name in os.listdir(cli):
+            self.assertEqual(read(os.path.join(self.out, name)), read(os.path.join(cli, name)), name)
+        check = run("check", "--pack", self.out)
+        self.assertEqual(report, json.loads(check.stdout))
+        self.assertEqual(maker.api("build", {"title": "Again", "records": RECORDS}, status=400), {
+            "error": "%s already exists; --out must name a folder that does not exist yet" % self.out})
+        self.assertEqual(maker.api("build", {"title": "", "records": RECORDS}, status=400),
+                         {"error": "--title must be one non-empty line"})
+
+    def test_a_failed_build_writes_nothing(self):
+        maker = self.start().login()
+        self.assertEqual(maker.api("build", {"title": "T", "records": []}, status=400),
+                         {"error": "records.jsonl: has no records; a pack needs at least one"})
+        self.assertEqual(maker.api("build", {"title": 7, "records": RECORDS}, status=400),
+                         {"error": "title and description must be strings"})
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["chatgpt-export.zip"])
+
+    def test_check_panel_matches_check(self):
+        maker = self.start().login()
+        maker.api("build", {"title": "Garden memory", "records": RECORDS})
+        signed = os.path.join(self.tmp, "signed")
+        shutil.copytree(self.out, signed)
+        now = time.time()
+        write(os.path.join(signed, "PACK.json"), pack_json(4, created_utc=vm._utc_text(now - 86400),
+                                                           expires_utc=vm._utc_text(now + 30 * 86400)))
+        reseal(signed)
+        write(os.path.join(signed, "SHA256SUMS.sig"), sshsig(KEY_A, read(os.path.join(signed, "SHA256SUMS"))))
+        _, _, print_a, line_a = test_key(KEY_A)
+        print_b = test_key(KEY_B)[2]
+        keys = os.path.join(self.tmp, "allowed_signers")
+        write(keys, "garden " + line_a + "\n")
+        listing = sorted(os.listdir(self.tmp))
+        for pasted, flags in (("", ()), ("garden " + line_a, ("--trusted-keys", keys)),
+                              ("# pins\n%s  # laptop\n" % print_a, ("--trusted-fingerprint", print_a)),
+                              ("garden %s\n\n%s" % (line_a, print_a),
+                               ("--trusted-keys", keys, "--trusted-fingerprint", print_a))):
+            with self.subTest(flags=flags):
+                done = run("check", "--pack", signed, *flags)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertEqual(maker.api("check", {"pack": signed, "keys": pasted}), json.loads(done.stdout))
+        self.assertEqual(maker.api("check", {"pack": signed, "keys": "garden " + line_a})["verification"]["signature"],
+                         {"status": "verified", "signer": "garden", "fingerprint": print_a, "pinned": False})
+        done = run("check", "--pack", signed, "--trusted-fingerprint", print_b)
+        refusal = maker.api("check", {"pack": signed, "keys": print_b}, status=400)["error"]
+        self.assertEqual("verified-memory: refused: %s\n" % refusal, done.stderr.decode())
+        self.assertEqual(refusal, "pack is signed by %s, which is not a pinned signer fingerprint" % print_a)
+        self.assertEqual(maker.api("check", {"pack": signed, "keys": "garden ssh-rsa AAAA"}, status=400),
+                         {"error": "pasted keys line 1: key type ssh-rsa is not supported; only ssh-ed25519 keys are"})
+        self.assertEqual(maker.api("check", {"pack": signed, "keys": "\nSHA256:short"}, status=400), {
+            "error": "pasted keys line 2: 'SHA256:short' is not a fingerprint like SHA256: followed by 43 base64 "
+                     "characters"})
+        self.assertEqual(maker.api("check", {"pack": "relative/pack"}, status=400),
+                         {"error": "--pack must be an absolute path, got 'relative/pack'"})
+        self.assertEqual(sorted(os.listdir(self.tmp)), listing)      # the panel writes nothing
+
+    def test_records_resume_a_saved_selection(self):
+        saved = os.path.join(self.tmp, "records.jsonl")
+        write(saved, "".join(json.dumps(r) + "\n\n" for r in RECORDS))
+        maker = self.start(None, "--records", saved).login()
+        state = maker.api("state")
+        self.assertEqual(state["records"], RECORDS)
+        self.assertEqual(state["cited"], {"1": ["2024-06-01T10:01:40Z", "user"], "2": ["2024-06-01T10:01:44Z",
+                                                                                     "ChatGPT"],
+                                          "5": ["2024-06-03T10:00:00Z", "user"]})
+        maker.stop()
+        write(saved, json.dumps(dict(RECORDS[0], quotes=[{"message_id": 99, "quote": "x"}])) + "\n")
+        done = run("maker", "--export", self.export, "--out", os.path.join(self.tmp, "p"), "--records", saved)
+        self.assertEqual(done.returncode, 1)
+        self.assertEqual(done.stderr.decode(), "verified-memory: refused: records.jsonl line 1, field "
+                         "quotes[0].message_id: message 99 is not in the messages file\n")
+
+    def test_start_up_refusals_and_stop(self):
+        write(os.path.join(self.tmp, "taken"), "")
+        for args, status, message in (
+                (("--export", os.path.join(self.tmp, "none.zip"), "--out", os.path.join(self.tmp, "p")), 1,
+                 b"cannot be read"),
+                (("--export", EXAMPLE, "--out", os.path.join(self.tmp, "taken")), 1, b"already exists"),
+                (("--out", os.path.join(self.tmp, "p")), 2, b"maker needs --export and --out"),
+                (("--export", SCRIPT, "--out", os.path.join(self.tmp, "p"), "--port", "70000"), 2,
+                 b"--port must be a port number")):
+            with self.subTest(args=args):
+                done = run("maker", *args)
+                self.assertEqual((done.returncode, done.stdout), (status, b""))
+                self.assertIn(message, done.stderr)
+        maker = self.start().login()
+        self.assertEqual(maker.api("quit"), {"stopping": True})
+        self.assertEqual(maker.proc.wait(30), 0)
+        self.assertEqual(maker.proc.stderr.read(), b"")
+
+
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client: one WebSocket (RFC 6455) on a plain socket."""
+
+    def __init__(self, url):
+        import socket
+        address, path = url[len("ws://"):].split("/", 1)
+        host, port = address.split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=60)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(("GET /%s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                           "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % (path, address, key)).encode())
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += self.exact(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        self.last_id, self.events = 0, []
+
+    def exact(self, size):
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("DevTools closed the connection")
+            data += chunk
+        return data
+
+    def receive(self):
+        message = b""
+        while True:
+            first, second = self.exact(2)
+            size = second & 0x7F
+            if size >= 126:
+                size = int.from_bytes(self.exact(2 if size == 126 else 8), "big")
+            message += self.exact(size)
+            if first & 0x80:
+                return json.loads(message)
+
+    def call(self, method, **params):
+        self.last_id += 1
+        payload = json.dumps({"id": self.last_id, "method": method, "params": params}).encode()
+        size = len(payload)
+        length = bytes([0x80 | size]) if size < 126 else bytes([0x80 | 126]) + size.to_bytes(2, "big") \
+            if size < 65536 else bytes([0x80 | 127]) + size.to_bytes(8, "big")
+        mask = os.urandom(4)
+        self.sock.sendall(b"\x81" + length + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        while True:
+            message = self.receive()
+            if message.get("id") == self.last_id:
+                if "error" in message:
+                    raise RuntimeError("%s: %s" % (method, message["error"]))
+                return message["result"]
+            self.events.append(message)
+
+    def evaluate(self, expression):
+        result = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise AssertionError("%s: %s" % (expression, result["exceptionDetails"]))
+        return result["result"].get("value")
+
+    def wait_for(self, expression, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError("timed out waiting for " + expression)
+
+    def press(self, key, code, key_code):
+        for kind in ("keyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key=key, code=code, windowsVirtualKeyCode=key_code,
+                      text="\r" if kind == "keyDown" and key == "Enter" else "")
+
+
+@unittest.skipUnless(CHROMIUM and sys.platform.startswith("linux"), "chromium is not installed")
+class TestPackMakerInChromium(MakerCase):
+    """The page in real headless Chromium: every step a person takes, no console errors, nothing from outside."""
+
+    def outside_proxy(self):
+        """A proxy that only records: every request that would leave 127.0.0.1 reaches it and goes no further."""
+        import socket
+        import threading
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(32)
+        self.addCleanup(server.close)
+        seen = []
+
+        def record():
+            while True:
+                try:
+                    connection, _ = server.accept()
+                except OSError:
+                    return
+                with connection:
+                    connection.settimeout(5)
+                    with contextlib.suppress(OSError):
+                        seen.append(connection.recv(4096).split(b"\r\n")[0].decode("latin-1"))
+        threading.Thread(target=record, daemon=True).start()
+        return server.getsockname()[1], seen
+
+    def browser(self, proxy_port):
+        profile = os.path.join(self.tmp, "profile")
+        os.mkdir(profile)
+        chrome = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                                   "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                                   "--disable-sync", "--user-data-dir=" + profile, "--remote-debugging-port=0",
+                                   "--proxy-server=http://127.0.0.1:%d" % proxy_port, "--window-size=1400,1000",
+                                   "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        def stop():
+            chrome.kill()
+            chrome.wait()
+            chrome.stderr.close()
+        self.addCleanup(stop)
+        for line in chrome.stderr:
+            if line.startswith("DevTools listening on "):
+                break
+        else:
+            self.skipTest("chromium did not start")
+        port = int(line.split(":")[2].split("/")[0])
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("GET", "/json/list")
+        targets = json.loads(connection.getresponse().read())
+        connection.close()
+        tab = DevTools([t for t in targets if t["type"] == "page"][0]["webSocketDebuggerUrl"])
+        self.addCleanup(tab.sock.close)
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            tab.call(domain + ".enable")
+        tab.call("Page.setDownloadBehavior", behavior="allow", downloadPath=self.tmp)
+        return tab
+
+    def text(self, tab, element_id):
+        return tab.evaluate("document.getElementById(%s).textContent" % json.dumps(element_id))
+
+    def test_from_export_to_pack_in_the_browser(self):
+        maker = self.start()
+        proxy_port, outside = self.outside_proxy()
+        tab = self.browser(proxy_port)
+        tab.call("Page.navigate", url="%s/?token=%s" % (maker.origin, maker.token))
+        self.assertEqual(tab.wait_for("document.querySelectorAll('#conversations li').length"), 4)
+        self.assertEqual(self.text(tab, "summary"), maker.summary.strip())
+        # every control has a visible label or an accessible name
+        unlabelled = tab.evaluate("""[...document.querySelectorAll('input, select, textarea, button')].filter((c) =>
+            !(c.labels && c.labels.length) && !c.getAttribute('aria-label') && !c.textContent.trim())
+            .map((c) => c.outerHTML)""")
+        self.assertEqual(unlabelled, [])
+        # search, then open the result's conversation
+        tab.evaluate("const box = document.getElementById('search'); box.value = 'TOMATO seedlings';"
+                     "box.dispatchEvent(new Event('input'));")
+        tab.wait_for("document.querySelectorAll('#results li').length")
+        self.assertEqual(self.text(tab, "search-status"), "1 message holds every word")
+        tab.evaluate("document.querySelector('#results button').click()")
+        tab.wait_for("!!document.getElementById('m5')")
+        # select words after two non-BMP characters: start must count code points
+        tab.evaluate("""(() => {
+            const node = document.querySelector('#m5 .sentence').firstChild, words = 'tomato seedlings \U0001F345 need';
+            const range = document.createRange();
+            range.setStart(node, node.data.indexOf(words));
+            range.setEnd(node, node.data.indexOf(words) + words.length);
+            getSelection().removeAllRanges();
+            getSelection().addRange(range);
+            document.getElementById('add-selection').click(); })()""")
+        self.assertEqual(self.text(tab, "quotes"), "\u201ctomato seedlings \U0001F345 need\u201d (user, "
+                                                   "2024-06-03T10:00:00Z, message 5) Remove")
+        tab.evaluate("document.getElementById('topic').value = 'Seedlings \U0001F331';"
+                     "document.getElementById('category').value = 'garden';"
+                     "document.getElementById('statement').value = 'Rowan asked about hardening off.';")
+        # a second quote from another conversation, by keyboard: focus a sentence and press Enter
+        tab.evaluate("document.querySelector('#conversations li:first-child button').click()")
+        tab.wait_for("!!document.getElementById('m1')")
+        tab.evaluate("document.querySelector('#m1 .sentence').focus()")
+        tab.press("Enter", "Enter", 13)
+        tab.wait_for("document.querySelectorAll('#quotes li').length === 2")
+        tab.evaluate("document.getElementById('record-form').requestSubmit()")
+        self.assertEqual(tab.wait_for("document.getElementById('record-status').textContent"), "Saved M-1.")
+        # a second record by a click on the assistant's sentence
+        tab.evaluate("document.querySelector('#m2 .sentence').click()")
+        self.assertEqual(tab.evaluate("document.getElementById('role').value"), "agent")
+        tab.evaluate("document.getElementById('record-id').value = 'M-compost';"
+                     "document.getElementById('topic').value = 'Compost';"
+                     "document.getElementById('category').value = 'garden';"
+                     "document.getElementById('record-form').requestSubmit()")
+        tab.wait_for("document.getElementById('record-status').textContent === 'Saved M-compost.'")
+        # edit the first record, then remove and restore nothing else
+        tab.evaluate("document.querySelector('[aria-label=\"Edit M-1\"]').click()")
+        self.assertEqual(tab.evaluate("document.getElementById('topic').value"), "Seedlings \U0001F331")
+        tab.evaluate("document.getElementById('category').value = 'plants';"
+                     "document.getElementById('record-form').requestSubmit()")
+        tab.wait_for("document.getElementById('record-status').textContent === 'Saved M-1.'")
+        self.assertEqual(tab.evaluate("document.querySelectorAll('#records > li').length"), 2)
+        records = tab.evaluate("JSON.stringify(state.records)")
+        self.assertEqual(json.loads(records)[0]["category"], "plants")
+        self.assertEqual(json.loads(records)[0]["quotes"], [
+            {"message_id": 5, "quote": "tomato seedlings \U0001F345 need", "start": 12},
+            {"message_id": 1, "quote": "How often should we turn the compost bins in summer?", "start": 0}])
+        # Download records, then Build pack and Check it
+        tab.evaluate("document.getElementById('download').click()")
+        tab.wait_for("document.getElementById('build-report').textContent.startsWith('Saved records.jsonl')")
+        downloaded = os.path.join(self.tmp, "records.jsonl")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(downloaded) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        expected = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in json.loads(records))
+        self.assertEqual(read(downloaded).decode(), expected)
+        tab.evaluate("document.getElementById('title').value = 'Garden memory';"
+                     "document.getElementById('build').click()")
+        report = tab.wait_for("document.getElementById('build-report').textContent.startsWith('Verified') &&"
+                              "document.getElementById('build-report').textContent")
+        self.assertTrue(report.startswith("Verified %s: 2 records\nsignature: unsigned\nfreshness: unknown\n"
+                                          "sequence: none\n" % self.out), report)
+        cli, _ = self.cli_pack(expected, "Garden memory")
+        for name in os.listdir(cli):
+            self.assertEqual(read(os.path.join(self.out, name)), read(os.path.join(cli, name)), name)
+        tab.evaluate("document.getElementById('check-pack').value = %s;"
+                     "document.getElementById('check-run').click()" % json.dumps(self.out))
+        tab.wait_for("document.getElementById('check-report').textContent.startsWith('Verified')")
+        screenshot = base64.b64decode(tab.call("Page.captureScreenshot", format="png",
+                                               captureBeyondViewport=True)["data"])
+        self.assertTrue(screenshot.startswith(b"\x89PNG\r\n\x1a\n"))
+        if os.environ.get("VM_MAKER_SCREENSHOT"):           # to look at it: VM_MAKER_SCREENSHOT=/tmp/maker.png
+            write(os.environ["VM_MAKER_SCREENSHOT"], screenshot)
+        # no console message or error, and every request the page made went to the maker
+        methods = ("Runtime.consoleAPICalled", "Runtime.exceptionThrown", "Log.entryAdded")
+        self.assertEqual([e for e in tab.events if e["method"] in methods], [])
+        requests = [e["params"]["request"]["url"] for e in tab.events if e["method"] == "Network.requestWillBeSent"]
+        self.assertEqual([url for url in requests if not url.startswith(maker.origin + "/")], [])
+        self.assertIn(maker.origin + "/api/build", requests)
+        # the CSP holds: the page cannot reach outside, and nothing it tried reached the outside proxy
+        tab.evaluate("""window.blocked = [];
+            document.addEventListener('securitypolicyviolation', (event) => window.blocked.push(event.blockedURI));
+            const image = document.createElement('img');
+            image.src = 'http://vm-probe.example/pixel.png';
+            document.body.append(image);
+            const script = document.createElement('script');
+            script.textContent = 'window.inline = true';
+            document.body.append(script);""")
+        fetched = tab.evaluate("fetch('http://vm-probe.example/data').then(() => 'sent', (error) => error.name)")
+        self.assertEqual(fetched, "TypeError")
+        self.assertIsNone(tab.evaluate("window.inline"))
+        self.assertEqual(sorted(set(tab.wait_for("window.blocked.length >= 3 && window.blocked"))),
+                         ["http://vm-probe.example/data", "http://vm-probe.example/pixel.png", "inline"])
+        self.assertEqual([line for line in outside if "vm-probe" in line or "127.0.0.1" in line], [])
+        # Stop the maker from the page
+        tab.evaluate("document.getElementById('quit').click()")
+        self.assertEqual(maker.proc.wait(30), 0)
 
 
 # ---------------------------------------------------------------------------

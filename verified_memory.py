@@ -15,6 +15,9 @@ snapshot: verified_memory_search, verified_memory_get and verified_memory_check_
   verified_memory.py build  --messages M.jsonl --records R.jsonl --out DIR --title T [--description D]
   verified_memory.py sign   --pack DIR --key KEY --expires 90d|TIME [--sequence N] --out DIR
   verified_memory.py dist   --out DIR [--registry-name io.github.OWNER/NAME --release-url URL] [--pypi-name N]
+  verified_memory.py import --export EXPORT.zip --out messages.jsonl   ChatGPT or Claude export -> messages
+  verified_memory.py export-shape EXPORT.zip                      its structure, never its text
+  verified_memory.py maker  --export EXPORT.zip --out DIR [--records R.jsonl] [--port N]   local pack maker page
 
 Security model in five lines: nothing is served unless the whole pack verifies;
 only a key the host lists or pins makes a signature count, and a pin beats any
@@ -40,7 +43,7 @@ import threading
 import time
 import unicodedata
 from bisect import bisect_left
-from collections import Counter, namedtuple
+from collections import Counter, defaultdict, namedtuple
 
 # ============================================================================
 # §1 Constants and limits
@@ -2234,6 +2237,905 @@ def sign_command(options):
 
 
 # ============================================================================
+# §10 Import and the pack maker (dev-time; the export readers are pure: bytes -> messages)
+# ============================================================================
+
+MAX_EXPORT_BYTES = 2 << 30          # an export file, and all the JSON inflated from one zip
+CONVERSATIONS_FILE = re.compile(r"conversations(?:-[0-9]+)?\.json")    # 2026 ChatGPT exports come in shards
+CLAUDE_ROOT = "00000000-0000-4000-8000-000000000000"     # parent_message_uuid of a conversation's first message
+ASSISTANTS = {"mapping": "ChatGPT", "chat_messages": "Claude"}   # the key that marks each vendor's conversations
+SHAPE_VALUE_KEYS = ("content_type", "type", "role", "sender")
+MAKER_INPUTS = ("messages.jsonl", "records.jsonl")       # the input names a maker-built pack's README records
+MAX_REQUEST_BYTES, MAX_SEARCH_RESULTS = 32 << 20, 50
+MAKER_API = ("state", "conversation", "search", "records", "build", "check", "quit")
+_CITATION_MARKS = re.compile("\ue200[^\ue201]*\ue201|\u3010[^\u3011]*\u2020[^\u3011]*\u3011")
+_EXPORT_TIME = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.[0-9]+)?"
+                          r"(Z|[+-][0-9]{2}:[0-9]{2})")
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_SHAPE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")     # a plain name: not an id, not text
+_JSON_TYPE_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean",
+                    type(None): "null"}
+# An export as read: vendor (ChatGPT or Claude); conversations as (title, date, index of the first message, message
+# count); messages as (date, speaker, text), numbered from 1; and a Counter of what was left out, by kind.
+ChatExport = namedtuple("ChatExport", "vendor conversations messages skipped")
+
+
+def export_time(value):
+    """An export's time (epoch seconds, or ISO 8601 with Z or an offset) -> UTC text truncated to the second,
+    like 2024-06-01T10:01:40Z, or None when it is missing or not a time."""
+    match = _EXPORT_TIME.fullmatch(value) if isinstance(value, str) else None
+    try:
+        when = (datetime.datetime.fromisoformat(match.group(1) + match.group(2).replace("Z", "+00:00")) if match
+                else datetime.datetime.fromtimestamp(int(value // 1), datetime.timezone.utc))
+        return when.astimezone(datetime.timezone.utc).isoformat()[:19] + "Z"
+    except (TypeError, ValueError, OverflowError, OSError):     # TypeError: neither a number nor a time
+        return None
+
+
+def _label(value):
+    # a role, content type or key if it looks like one, else a placeholder: never a piece of text
+    return value if isinstance(value, str) and _SHAPE_WORD.fullmatch(value) else "(other)"
+
+
+def _clean_text(text):
+    # citation marks out, both ends stripped, surrogate halves (see _export_text) paired and lone ones replaced
+    text = _CITATION_MARKS.sub("", text).strip()
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _export_text(data, name):
+    # surrogatepass: some exports encode an emoji's two UTF-16 halves separately (CESU-8); _clean_text pairs them
+    try:
+        return data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as e:
+        raise PackError("is not UTF-8 (byte %d)" % (e.start + 1), name) from None
+
+
+def _json_items(text, name):
+    # (path, value) for each item of a top-level array ("$[]"), decoded one at a time so that a big export never
+    # exists twice as Python objects; any other JSON value comes whole, as "$". Errors name the position.
+    decoder, pos = json.JSONDecoder(), _JSON_SPACE.match(text).end()
+    try:
+        if text[pos:pos + 1] != "[":
+            yield "$", json.loads(text)
+            return
+        pos, separator = _JSON_SPACE.match(text, pos + 1).end(), "["
+        while text[pos:pos + 1] != "]" or separator == ",":     # after a comma, "]" is an error
+            value, pos = decoder.raw_decode(text, pos)
+            yield "$[]", value
+            pos = _JSON_SPACE.match(text, pos).end()
+            separator = text[pos:pos + 1]
+            if separator not in (",", "]"):
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
+            pos = _JSON_SPACE.match(text, pos + (separator == ",")).end()
+        if _JSON_SPACE.match(text, pos + 1).end() != len(text):
+            raise json.JSONDecodeError("Extra data", text, _JSON_SPACE.match(text, pos + 1).end())
+    except json.JSONDecodeError as e:
+        raise PackError("is not valid JSON: %s at line %d column %d (character %d)"
+                        % (e.msg, e.lineno, e.colno, e.pos + 1), name) from None
+    except RecursionError:
+        raise PackError("nests too deeply to read", name) from None
+
+
+def export_documents(data, name, wanted=CONVERSATIONS_FILE):
+    """An export's bytes -> ([(file name, JSON text)], [(zip member, size)]): the members of a zip whose base name
+    matches `wanted` (in any folder, in name order), or else the bytes themselves as one JSON file.
+
+    A zip bomb is never inflated: members are refused by their declared sizes before any is opened, and each is
+    inflated 1 MiB at a time, so one that inflates past its declared size fails its CRC check at that size.
+    """
+    if not data.startswith(b"PK"):
+        return [(name, _export_text(data, name))], []
+    import io
+    import zipfile
+    import zlib
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = sorted((m for m in archive.infolist() if wanted.fullmatch(m.filename.rsplit("/", 1)[-1])),
+                         key=lambda m: m.filename)
+        if sum(m.file_size for m in members) > MAX_EXPORT_BYTES:
+            raise PackError("%s inflate to %d bytes, past the limit of %d" % (
+                ", ".join(m.filename for m in members), sum(m.file_size for m in members), MAX_EXPORT_BYTES), name)
+        documents = []
+        for member in members:
+            with archive.open(member) as stream:
+                documents.append((member.filename, _export_text(b"".join(iter(lambda: stream.read(1 << 20), b"")),
+                                                                member.filename)))
+        return documents, [(m.filename, m.file_size) for m in archive.infolist()]
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError,
+            OSError) as e:
+        raise PackError("is a damaged zip (%s); it may be truncated: download the export again" % e, name) from None
+
+
+def _chatgpt_messages(conversation, skipped):
+    # A ChatGPT conversation -> [(time, role, text)] along its visible branch: from current_node (else the newest
+    # leaf) up to the root, walked in a loop that stops at a repeat, since real trees run thousands deep.
+    mapping, node_id, chain, found = conversation["mapping"], conversation.get("current_node"), {}, []
+    if node_id not in mapping:
+        node_id = max((key for key, node in mapping.items() if not node.get("children")), default=None,
+                      key=lambda key: ((mapping[key].get("message") or {}).get("create_time") or 0, key))
+    while node_id in mapping and node_id not in chain:
+        chain[node_id] = mapping[node_id].get("message")
+        node_id = mapping[node_id].get("parent")
+    skipped["other branch"] += len(mapping) - len(chain)
+    for message in filter(None, reversed(list(chain.values()))):      # the root has no message
+        content, metadata = message.get("content") or {}, message.get("metadata") or {}
+        role, kind = (message.get("author") or {}).get("role"), content.get("content_type")
+        left_out = ("hidden" if metadata.get("is_visually_hidden_from_conversation")
+                    or metadata.get("is_user_system_message")
+                    else _label(role) if role not in ("user", "assistant")
+                    else "tool call" if message.get("recipient", "all") != "all"
+                    else _label(kind) if kind not in ("text", "multimodal_text") else None)
+        if left_out:
+            skipped[left_out] += 1
+        else:
+            parts = [part if isinstance(part, str) else part.get("text") or "" for part in content.get("parts") or ()
+                     if isinstance(part, str) or part.get("content_type") == "audio_transcription"]
+            found.append((message.get("create_time"), role, "\n".join(parts)))
+    return found
+
+
+def _claude_messages(conversation, skipped):
+    # A Claude conversation -> [(time, role, text)]: from the newest leaf up to the root when every message names
+    # its parent, else every message in time order (human first on a tie). Attachments are left out.
+    messages, chain, uuid, found = conversation["chat_messages"], {}, None, []
+    by_uuid = {message.get("uuid"): message for message in messages}
+    if messages and all("parent_message_uuid" in message for message in messages):
+        parents = {message["parent_message_uuid"] for message in messages}
+        uuid = max(((str(message.get("created_at")), i, message.get("uuid")) for i, message in enumerate(messages)
+                    if message.get("uuid") not in parents), default=(None, None, None))[2]
+        while uuid in by_uuid and uuid not in chain:
+            chain[uuid] = by_uuid[uuid]
+            uuid = by_uuid[uuid].get("parent_message_uuid")
+    chain = (list(reversed(list(chain.values()))) if uuid == CLAUDE_ROOT else
+             sorted(messages, key=lambda message: (str(message.get("created_at")), message.get("sender") != "human")))
+    skipped["other branch"] += len(messages) - len(chain)
+    for message in chain:
+        skipped["attachment"] += len(message.get("attachments") or ()) + len(message.get("files") or ())
+        parts, gap = [], False
+        for block in message.get("content") or ():           # "\n\n" where other blocks part two text blocks
+            if block.get("type") == "text" and isinstance(block.get("text"), str):
+                parts += ["\n\n", block["text"]] if gap and parts else [block["text"]]
+            else:
+                skipped[_label(block.get("type")) + " block"] += 1
+            gap = block.get("type") != "text"
+        if message.get("sender") in ("human", "assistant"):
+            found.append((message.get("created_at"), "user" if message["sender"] == "human" else "assistant",
+                          "".join(parts).strip() or message.get("text") or ""))
+        else:
+            skipped[_label(message.get("sender"))] += 1
+    return found
+
+
+def read_export(data, name):
+    """A ChatGPT or Claude export (the .zip as downloaded, or its conversations.json) -> ChatExport.
+
+    Each conversation keeps its visible branch and only user and assistant text; a message without a time takes
+    the one before it. Conversations are ordered by (creation time, id), and one found in two shards keeps its
+    newer copy, so the same export always gives the same messages. Anything else raises PackError saying what
+    was found.
+    """
+    documents, _ = export_documents(data, name)
+    if not documents:
+        raise PackError("is a zip without conversations.json; run export-shape on it to see what it holds", name)
+    vendor, kept = None, {}
+    for document, text in documents:
+        for number, (path, conversation) in enumerate(_json_items(text, document), 1):
+            keys = sorted(map(_label, conversation)) if isinstance(conversation, dict) else []
+            kind = "mapping" if "mapping" in keys else "chat_messages" if "chat_messages" in keys else None
+            if path == "$" or kind is None or vendor not in (None, kind):
+                raise PackError("%s is %s; expected an array of ChatGPT (mapping) or Claude (chat_messages) "
+                                "conversations from one export. Run export-shape on it and include what it prints "
+                                "in a bug report" % ("entry %d" % number if path == "$[]" else "the whole file",
+                                                     "an object with keys " + ", ".join(keys[:20]) if keys else
+                                                     "a JSON " + _JSON_TYPE_NAMES[type(conversation)]), document)
+            vendor, skipped, texts = kind, Counter(), []
+            try:
+                date = export_time(conversation.get("create_time") or conversation.get("created_at"))
+                for when, role, text in (_chatgpt_messages if kind == "mapping" else _claude_messages)(conversation,
+                                                                                                        skipped):
+                    text, date = _clean_text(text), export_time(when) or date
+                    if text and date:
+                        texts.append((date, "user" if role == "user" else ASSISTANTS[kind], text))
+                    else:
+                        skipped["empty" if date else "undated"] += 1
+                entry = ((export_time(conversation.get("create_time") or conversation.get("created_at"))
+                          or (texts[0][0] if texts else ""),        # sorted by creation time, else its first message's
+                          str(conversation.get("id") or conversation.get("uuid") or "")),
+                         export_time(conversation.get("update_time") or conversation.get("updated_at")) or "",
+                         _clean_text(conversation.get("title") or conversation.get("name") or "") or "(untitled)",
+                         texts, skipped)
+            except (AttributeError, TypeError, KeyError, ValueError) as e:
+                raise PackError("entry %d is not shaped like a %s conversation (%s: %s); run export-shape on it and "
+                                "include what it prints in a bug report" % (number, ASSISTANTS[kind],
+                                                                           type(e).__name__, e), document) from None
+            key = entry[0][1] or (document, number)
+            if key not in kept or entry[1] > kept[key][1]:
+                kept[key] = entry
+    conversations, messages, skipped = [], [], Counter()
+    for _, _, title, texts, counts in sorted(kept.values(), key=lambda entry: entry[0]):
+        skipped.update(counts)
+        if texts:
+            conversations.append((title, texts[0][0], len(messages), len(texts)))
+            messages.extend(texts)
+        else:
+            skipped["conversation without text"] += 1
+    if not messages:
+        raise PackError("has %d conversations but no user or assistant text to import" % len(kept), name)
+    return ChatExport(ASSISTANTS[vendor], conversations, messages, skipped)
+
+
+def messages_jsonl(numbered):
+    """(id, (date, speaker, text)) pairs -> the builder's messages.jsonl bytes, one object per line."""
+    return "".join(json.dumps({"id": number, "date": date, "speaker": speaker, "text": text}, ensure_ascii=False)
+                   + "\n" for number, (date, speaker, text) in numbered).encode("utf-8")
+
+
+def export_summary(export):
+    """One line: conversation and message counts and what was left out, by kind (never any text)."""
+    skipped = ", ".join("%d %s" % (count, kind) for kind, count in sorted(export.skipped.items()) if count)
+    return "%s export: %d conversations, %d messages; left out: %s" % (
+        export.vendor, len(export.conversations), len(export.messages), skipped or "nothing")
+
+
+def json_shape(items):
+    """(path, value) pairs -> lines describing their structure: per path the JSON types seen with counts, the range
+    of lengths (characters, items or keys) and the values of content_type, type, role and sender. Keys that are not
+    plain names (ids) become <key>; no other string, title or name is ever printed."""
+    paths = {}
+    for item in items:
+        stack = [item]
+        while stack:
+            path, value = stack.pop()
+            entry = paths.get(path) or paths.setdefault(path, [Counter(), _INFINITY, 0, Counter()])
+            entry[0][_JSON_TYPE_NAMES[type(value)]] += 1
+            if isinstance(value, (str, list, dict)):
+                entry[1], entry[2] = min(entry[1], len(value)), max(entry[2], len(value))
+            if isinstance(value, dict):
+                stack.extend((path + "." + (key if _SHAPE_WORD.fullmatch(key) else "<key>"), child)
+                             for key, child in value.items())
+            elif isinstance(value, list):
+                stack.extend((path + "[]", child) for child in value)
+            elif isinstance(value, str) and path.rsplit(".", 1)[-1] in SHAPE_VALUE_KEYS:
+                entry[3][_label(value)] += 1
+    return ["  %s: %s%s%s" % (path, ", ".join("%s x%d" % kind for kind in sorted(kinds.items())),
+                              " (length %d to %d)" % (shortest, longest) if longest >= shortest else "",
+                              "; values: " + ", ".join("%s x%d" % v for v in sorted(values.items())) if values else "")
+            for path, (kinds, shortest, longest, values) in sorted(paths.items())]
+
+
+def check_report(root, policy):
+    """What `check` prints for the pack at `root` under `policy`; raises PackError. Writes nothing."""
+    snapshot = load_pack(root, policy, time.time_ns())          # two readings of the clock, as `check` takes
+    return {"pack": snapshot.root, "verification": snapshot.verification(time.time_ns())}
+
+
+class PackMaker:
+    """The maker page's state: one export's messages, a word index over them, and the folder Build writes.
+    Each api_* method takes the page's JSON object and returns one; a PackError is the page's error message."""
+
+    def __init__(self, export, out, records=()):
+        self.export, self.out, self.records = export, os.path.abspath(out), list(records)
+        self.firsts = [first for _, _, first, _ in export.conversations]
+        self.postings = defaultdict(lambda: array.array("I"))          # word -> message indexes, ascending
+        for i, (_, _, text) in enumerate(export.messages):
+            for word in set(search_words(text)):
+                self.postings[word].append(i)
+
+    def api_state(self, request):
+        return {"summary": export_summary(self.export), "assistant": self.export.vendor, "out": self.out,
+                "conversations": [[title, date, count] for title, date, _, count in self.export.conversations],
+                "records": self.records, "cited": {n: message[:2] for n, message in self._cited(self.records)}}
+
+    def api_conversation(self, request):
+        index = request.get("index")
+        if type(index) is not int or not 0 <= index < len(self.firsts):
+            raise PackError("index must be a conversation number from 0 to %d" % (len(self.firsts) - 1))
+        title, date, first, count = self.export.conversations[index]
+        return {"title": title, "date": date,
+                "messages": [[i + 1] + list(self.export.messages[i]) for i in range(first, first + count)]}
+
+    def api_search(self, request):
+        # messages holding every word of the query, by the word rules of verified_memory_search; newest first
+        query = request.get("query")
+        if not isinstance(query, str) or not 1 <= len(query) <= MAX_QUERY_CHARS:
+            raise PackError("the query must be 1 to %d characters long" % MAX_QUERY_CHARS)
+        words = list(dict.fromkeys(search_words(query)))
+        if len(words) > MAX_QUERY_TERMS:
+            raise PackError("the query has %d different words; the limit is %d" % (len(words), MAX_QUERY_TERMS))
+        lists = sorted((self.postings.get(word, ()) for word in words), key=len)
+        found = set(lists[0]).intersection(*lists[1:]) if lists else set()
+        results = []
+        for i in heapq.nlargest(MAX_SEARCH_RESULTS, found):
+            date, speaker, text = self.export.messages[i]
+            at = max(0, text.casefold().find(words[0]) - 60)      # the snippet starts near the first word
+            results.append([i + 1, bisect_left(self.firsts, i + 1) - 1, date, speaker, text[at:at + 240]])
+        return {"matched": len(found), "results": results}
+
+    def _cited(self, records):
+        # (number, message) for each message of this export that `records` quote
+        numbers = {quote.get("message_id") for record in records
+                   for quote in (record.get("quotes") if isinstance(record.get("quotes"), list) else ())
+                   if isinstance(quote, dict)}
+        return sorted((n, self.export.messages[n - 1]) for n in numbers
+                      if type(n) is int and 0 < n <= len(self.export.messages))
+
+    def api_records(self, request):
+        # the page's records checked by the builder against the messages they quote -> records.jsonl text
+        records = request.get("records")
+        if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+            raise PackError("records must be a list of objects")
+        data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8")
+        build_pack_files(messages_jsonl(self._cited(records)), data, "records", "", MAKER_INPUTS)
+        return {"jsonl": data.decode("utf-8")}
+
+    def api_build(self, request):
+        # the builder on all messages, published to --out as `build` does, then the check report
+        data = self.api_records(request)["jsonl"].encode("utf-8")
+        title, description = request.get("title"), request.get("description", "")
+        if not isinstance(title, str) or not isinstance(description, str):
+            raise PackError("title and description must be strings")
+        files = build_pack_files(messages_jsonl(enumerate(self.export.messages, 1)), data, title, description,
+                                 MAKER_INPUTS)
+        publish_pack(files, self.out, lambda staging: load_pack(staging, TrustPolicy(), time.time_ns()))
+        return check_report(self.out, TrustPolicy())
+
+    def api_check(self, request):
+        # `check` on a pack folder, trusting the pasted allowed_signers lines and pinning the SHA256: lines
+        pack, keys = request.get("pack"), request.get("keys", "")
+        if not isinstance(pack, str) or not isinstance(keys, str):
+            raise PackError("pack and keys must be strings")
+        lines = keys.split("\n")
+        pins = [line.strip().startswith("SHA256:") for line in lines]
+        return check_report(pack, TrustPolicy(
+            parse_trusted_keys("\n".join("" if pin else line for line, pin in zip(lines, pins)), "pasted keys"),
+            parse_revoked_keys("\n".join(line if pin else "" for line, pin in zip(lines, pins)), "pasted keys")))
+
+
+MAKER_HTML = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Verified Memory pack maker</title>
+<link rel="stylesheet" href="/maker.css">
+<script src="/maker.js" defer></script>
+</head>
+<body>
+<header>
+  <h1>Verified Memory pack maker</h1>
+  <p id="summary" role="status">Loading the export...</p>
+  <button id="quit" type="button">Stop the maker</button>
+</header>
+<main>
+  <section id="browse" aria-labelledby="browse-heading">
+    <h2 id="browse-heading">Your chats</h2>
+    <label for="search">Search all messages (every word must occur)</label>
+    <input id="search" type="search" autocomplete="off" spellcheck="false">
+    <p id="search-status" role="status" aria-live="polite"></p>
+    <ol id="results" class="list"></ol>
+    <h3>Conversations</h3>
+    <ol id="conversations" class="list"></ol>
+  </section>
+  <section id="reader" aria-labelledby="reader-heading">
+    <h2 id="reader-heading">Conversation</h2>
+    <p id="reader-title">Choose a conversation or a search result.</p>
+    <p class="hint">Select words inside one message, or click a sentence (or focus it and press Enter),
+      to quote it exactly.</p>
+    <button id="add-selection" type="button">Quote the selected words</button>
+    <p id="quote-status" role="status" aria-live="polite"></p>
+    <div id="messages"></div>
+  </section>
+  <section id="record" aria-labelledby="record-heading">
+    <h2 id="record-heading">Record</h2>
+    <form id="record-form">
+      <label for="record-id">Record ID</label>
+      <input id="record-id" required autocomplete="off">
+      <label for="topic">Topic</label>
+      <input id="topic" required>
+      <label for="category">Category</label>
+      <input id="category" required>
+      <label for="role">Role</label>
+      <select id="role">
+        <option value="user">user (the person)</option>
+        <option value="agent">agent (the assistant)</option>
+      </select>
+      <label for="speaker">Speaker (optional; needed when the quotes have different speakers)</label>
+      <input id="speaker">
+      <label for="statement">Statement (optional; defaults to the quotes joined by spaces)</label>
+      <textarea id="statement" rows="3"></textarea>
+      <!-- payee fields (issue 13) go here -->
+      <h3>Quotes</h3>
+      <ul id="quotes" class="quotes"></ul>
+      <button type="submit">Save record</button>
+      <button id="new-record" type="button">New record</button>
+      <p id="record-status" role="status" aria-live="polite"></p>
+    </form>
+    <h3 id="records-heading">Records</h3>
+    <ol id="records" class="records" aria-labelledby="records-heading"></ol>
+  </section>
+  <section id="pack" aria-labelledby="pack-heading">
+    <h2 id="pack-heading">Build the pack</h2>
+    <p>Writes a new folder: <code id="out"></code></p>
+    <label for="title">Pack title</label>
+    <input id="title">
+    <label for="description">Description (optional)</label>
+    <input id="description">
+    <button id="build" type="button">Build pack</button>
+    <button id="download" type="button">Download records</button>
+    <pre id="build-report" role="status" aria-live="polite"></pre>
+  </section>
+  <section id="check" aria-labelledby="check-heading">
+    <h2 id="check-heading">Check a signed pack</h2>
+    <label for="check-pack">Pack folder (absolute path)</label>
+    <input id="check-pack" spellcheck="false">
+    <label for="check-keys">Trusted keys: allowed_signers lines and/or SHA256: fingerprints (pins), one per line</label>
+    <textarea id="check-keys" rows="3" spellcheck="false"></textarea>
+    <button id="check-run" type="button">Check pack</button>
+    <pre id="check-report" role="status" aria-live="polite"></pre>
+  </section>
+</main>
+</body>
+</html>
+"""
+MAKER_CSS = """:root { color-scheme: light dark; font-family: system-ui, sans-serif; line-height: 1.4; }
+body { margin: 0; }
+header { display: flex; flex-wrap: wrap; gap: 1rem; align-items: center; padding: .5rem 1rem;
+         border-bottom: 1px solid #8886; }
+h1 { font-size: 1.25rem; margin: 0; }
+h2 { font-size: 1.1rem; margin: 0 0 .5rem; }
+h3 { font-size: 1rem; margin: 1rem 0 .25rem; }
+main { display: grid; gap: 1rem; padding: 1rem;
+       grid-template-columns: minmax(14rem, 1fr) minmax(18rem, 2fr) minmax(16rem, 1.3fr);
+       grid-template-areas: "browse reader record" "pack pack check"; }
+#browse { grid-area: browse; } #reader { grid-area: reader; } #record { grid-area: record; }
+#pack { grid-area: pack; } #check { grid-area: check; }
+section { min-width: 0; }
+label { display: block; margin: .5rem 0 .1rem; font-weight: 600; }
+input, select, textarea { box-sizing: border-box; width: 100%; font: inherit; }
+button { font: inherit; margin: .25rem .25rem .25rem 0; }
+.list { list-style: none; padding: 0; margin: 0; max-height: 40vh; overflow: auto; }
+.list button { display: block; width: 100%; text-align: left; margin: 0; padding: .3rem; border: 0;
+               border-bottom: 1px solid #8883; background: none; color: inherit; }
+.list button:hover { background: #8882; }
+.meta { display: block; font-size: .85em; opacity: .75; }
+#messages { max-height: 75vh; overflow: auto; }
+.message { border-left: 3px solid #8886; padding: 0 .5rem; margin: .5rem 0; }
+.text { white-space: pre-wrap; margin: .25rem 0; }
+.sentence { cursor: pointer; border-radius: 2px; }
+.sentence:hover { background: #f5c51840; }
+:focus-visible { outline: 3px solid #2f6fdf; outline-offset: 1px; }
+.quotes li, .records li { margin: .25rem 0; }
+pre { white-space: pre-wrap; word-break: break-word; }
+.error { color: #c0182a; }
+@media (max-width: 64rem) {
+  main { grid-template-columns: 1fr; grid-template-areas: "browse" "reader" "record" "pack" "check"; }
+}
+"""
+MAKER_JS = r"""// The pack maker page. Export text is only ever put in the page as textContent, never parsed as HTML.
+"use strict";
+const state = {assistant: "", conversations: [], messages: new Map(), records: [], quotes: [], editing: -1};
+const $ = (id) => document.getElementById(id);
+
+async function api(name, body) {
+  const response = await fetch("/api/" + name, {method: "POST", headers: {"Content-Type": "application/json"},
+                                               body: JSON.stringify(body || {})});
+  const reply = await response.json();
+  if (!response.ok) throw new Error(reply.error || response.statusText);
+  return reply;
+}
+
+function element(tag, text, attributes) {
+  const node = document.createElement(tag);
+  if (text !== undefined) node.textContent = text;
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, value);
+  return node;
+}
+
+function show(id, text, isError) {
+  $(id).textContent = text;
+  $(id).classList.toggle("error", Boolean(isError));
+}
+
+function listItem(list, ...children) {
+  const item = element("li");
+  item.append(...children);
+  list.append(item);
+  return item;
+}
+
+// Sentence pieces [from, to) covering the whole text: each ends after . ! or ? and a space, or at a line break.
+function sentences(text) {
+  const pieces = [], boundary = /[.!?]+(?=\s|$)|\n+/g;
+  let from = 0, match;
+  while ((match = boundary.exec(text))) {
+    pieces.push([from, match.index + match[0].length]);
+    from = match.index + match[0].length;
+  }
+  if (from < text.length) pieces.push([from, text.length]);
+  return pieces;
+}
+
+// A quote of message `id` from UTF-16 offsets, trimmed; `start` counts code points, as the builder does.
+function quoteAt(id, from, to) {
+  const text = state.messages.get(id).text;
+  while (from < to && /\s/.test(text[from])) from += 1;
+  while (to > from && /\s/.test(text[to - 1])) to -= 1;
+  if (from === to) return null;
+  return {message_id: id, quote: text.slice(from, to), start: [...text.slice(0, from)].length};
+}
+
+function selectionQuote() {
+  const selection = getSelection();
+  if (!selection.rangeCount || selection.isCollapsed) return null;
+  const range = selection.getRangeAt(0);
+  const textOf = (node) => (node.nodeType === Node.ELEMENT_NODE ? node : node.parentElement).closest(".text");
+  const body = textOf(range.startContainer);
+  if (!body || body !== textOf(range.endContainer)) return null;
+  const before = document.createRange();
+  before.setStart(body, 0);
+  before.setEnd(range.startContainer, range.startOffset);
+  const from = before.toString().length, to = from + range.toString().length;
+  selection.removeAllRanges();
+  return quoteAt(Number(body.dataset.id), from, to);
+}
+
+function sentenceQuote(span) {
+  const from = Number(span.dataset.from);
+  return quoteAt(Number(span.parentElement.dataset.id), from, from + span.textContent.length);
+}
+
+function describe(quote) {
+  const message = state.messages.get(quote.message_id) || {speaker: "?", date: "?"};
+  return "\u201c" + quote.quote + "\u201d (" + message.speaker + ", " + message.date + ", message " +
+    quote.message_id + ")";
+}
+
+function addQuote(quote) {
+  if (!quote) return show("quote-status", "Select words inside one message first.", true);
+  if (state.quotes.some((q) => q.message_id === quote.message_id && q.start === quote.start &&
+                                q.quote === quote.quote)) return show("quote-status", "Already quoted.");
+  if (!state.quotes.length && state.editing < 0) {
+    $("role").value = state.messages.get(quote.message_id).speaker === state.assistant ? "agent" : "user";
+  }
+  state.quotes.push(quote);
+  renderQuotes();
+  show("quote-status", "Quoted: " + describe(quote));
+}
+
+function renderQuotes() {
+  $("quotes").replaceChildren();
+  state.quotes.forEach((quote, index) => {
+    const remove = element("button", "Remove", {type: "button", "aria-label": "Remove quote " + (index + 1)});
+    remove.addEventListener("click", () => { state.quotes.splice(index, 1); renderQuotes(); });
+    listItem($("quotes"), element("span", describe(quote) + " "), remove);
+  });
+  if (!state.quotes.length) listItem($("quotes"), element("span", "No quotes yet."));
+}
+
+function nextRecordId() {
+  const taken = new Set(state.records.map((record) => record.record_id));
+  let number = state.records.length + 1;
+  while (taken.has("M-" + number)) number += 1;
+  return "M-" + number;
+}
+
+function clearForm() {
+  for (const id of ["topic", "category", "speaker", "statement"]) $(id).value = "";
+  $("record-id").value = nextRecordId();
+  state.quotes = [];
+  state.editing = -1;
+  renderQuotes();
+}
+
+function editRecord(index) {
+  const record = state.records[index];
+  for (const field of ["topic", "category", "speaker", "statement", "role"]) $(field).value = record[field] || "";
+  $("record-id").value = record.record_id;
+  state.quotes = record.quotes.map((quote) => Object.assign({}, quote));
+  state.editing = index;
+  renderQuotes();
+  $("topic").focus();
+}
+
+function renderRecords() {
+  $("records").replaceChildren();
+  state.records.forEach((record, index) => {
+    const quotes = element("ul");
+    for (const quote of record.quotes) listItem(quotes, describe(quote));
+    const edit = element("button", "Edit", {type: "button", "aria-label": "Edit " + record.record_id});
+    edit.addEventListener("click", () => editRecord(index));
+    const remove = element("button", "Remove", {type: "button", "aria-label": "Remove " + record.record_id});
+    remove.addEventListener("click", () => {
+      state.records.splice(index, 1);
+      if (state.editing === index) clearForm();
+      else if (state.editing > index) state.editing -= 1;
+      renderRecords();
+    });
+    listItem($("records"), element("strong", record.record_id + ": " + record.topic),
+             element("span", " (" + record.category + ", " + record.role + ")"), quotes, edit, remove);
+  });
+  $("records-heading").textContent = "Records (" + state.records.length + ")";
+}
+
+async function openConversation(index, messageId) {
+  const reply = await api("conversation", {index});
+  $("reader-title").textContent = reply.title + " \u00b7 " + reply.date;
+  $("messages").replaceChildren();
+  for (const [id, date, speaker, text] of reply.messages) {
+    state.messages.set(id, {date, speaker, text});
+    const article = element("article", undefined, {class: "message", id: "m" + id, tabindex: "-1"});
+    const body = element("p", undefined, {class: "text", "data-id": String(id)});
+    for (const [from, to] of sentences(text)) {
+      const piece = text.slice(from, to);
+      body.append(piece.trim() ? element("span", piece, {class: "sentence", tabindex: "0", role: "button",
+                                                         "data-from": String(from)}) : piece);
+    }
+    article.append(element("p", "#" + id + " \u00b7 " + speaker + " \u00b7 " + date, {class: "meta"}), body);
+    $("messages").append(article);
+  }
+  const target = $("m" + (messageId || reply.messages[0][0]));
+  target.scrollIntoView({block: "center"});
+  target.focus({preventScroll: true});
+}
+
+let searchTimer = 0;
+async function search() {
+  const query = $("search").value;
+  $("results").replaceChildren();
+  if (!query.trim()) return show("search-status", "");
+  try {
+    const reply = await api("search", {query});
+    if ($("search").value !== query) return;             // a newer query is on its way
+    show("search-status", reply.matched + (reply.matched === 1 ? " message holds" : " messages hold") +
+         " every word" + (reply.matched > reply.results.length ? "; the newest " + reply.results.length +
+         " are listed" : ""));
+    for (const [id, conversation, date, speaker, snippet] of reply.results) {
+      const button = element("button", undefined, {type: "button"});
+      button.append(element("span", state.conversations[conversation][0] + " \u00b7 " + date + " \u00b7 " +
+                            speaker, {class: "meta"}), element("span", snippet));
+      button.addEventListener("click", () => openConversation(conversation, id));
+      listItem($("results"), button);
+    }
+  } catch (error) {
+    show("search-status", error.message, true);
+  }
+}
+
+async function run(reportId, action) {
+  show(reportId, "Working...");
+  try {
+    show(reportId, await action());
+  } catch (error) {
+    show(reportId, "Refused: " + error.message, true);
+  }
+}
+
+function reportText(report) {
+  const {pack, signature, freshness} = report.verification;
+  return "Verified " + report.pack + ": " + pack.records + " records\nsignature: " + signature.status +
+    (signature.signer ? ", signer " + signature.signer : "") +
+    (signature.fingerprint ? ", " + signature.fingerprint : "") +
+    "\nfreshness: " + freshness.status + (freshness.expires_utc ? ", expires " + freshness.expires_utc : "") +
+    "\nsequence: " + (freshness.sequence === null ? "none" : freshness.sequence) +
+    "\n\n" + JSON.stringify(report, null, 2);
+}
+
+async function start() {
+  const reply = await api("state");
+  Object.assign(state, {assistant: reply.assistant, conversations: reply.conversations, records: reply.records});
+  for (const [id, [date, speaker]] of Object.entries(reply.cited)) state.messages.set(Number(id), {date, speaker});
+  show("summary", reply.summary);
+  $("out").textContent = reply.out;
+  $("title").value = "Memory from my " + reply.assistant + " export";
+  reply.conversations.forEach(([title, date, count], index) => {
+    const button = element("button", undefined, {type: "button"});
+    button.append(element("span", title), element("span", date + " \u00b7 " + count +
+                                                   (count === 1 ? " message" : " messages"), {class: "meta"}));
+    button.addEventListener("click", () => openConversation(index));
+    listItem($("conversations"), button);
+  });
+  renderRecords();
+  clearForm();
+}
+
+$("search").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(search, 150); });
+$("messages").addEventListener("click", (event) => {
+  const selected = selectionQuote();        // a selection wins over the sentence under the pointer
+  const span = event.target.closest(".sentence");
+  if (selected || span) addQuote(selected || sentenceQuote(span));
+});
+$("messages").addEventListener("keydown", (event) => {
+  const span = event.target.closest(".sentence");
+  if (span && (event.key === "Enter" || event.key === " ")) {
+    event.preventDefault();
+    addQuote(sentenceQuote(span));
+  }
+});
+$("add-selection").addEventListener("click", () => addQuote(selectionQuote()));
+$("new-record").addEventListener("click", clearForm);
+$("record-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  if (!state.quotes.length) return show("record-status", "Quote at least one passage first.", true);
+  const record = {record_id: $("record-id").value.trim(), role: $("role").value, topic: $("topic").value,
+                  category: $("category").value, quotes: state.quotes};
+  for (const field of ["statement", "speaker"]) if ($(field).value.trim()) record[field] = $(field).value;
+  const records = state.records.slice();
+  records.splice(state.editing < 0 ? records.length : state.editing, state.editing < 0 ? 0 : 1, record);
+  try {
+    await api("records", {records});
+  } catch (error) {
+    return show("record-status", error.message, true);
+  }
+  state.records = records;
+  renderRecords();
+  clearForm();
+  show("record-status", "Saved " + record.record_id + ".");
+});
+$("build").addEventListener("click", () => run("build-report", async () => reportText(await api("build", {
+  title: $("title").value, description: $("description").value, records: state.records})) +
+  "\n\nNext: sign it with verified_memory.py sign (see the README)."));
+$("download").addEventListener("click", () => run("build-report", async () => {
+  const reply = await api("records", {records: state.records});
+  const file = new Blob([reply.jsonl], {type: "application/x-ndjson"});
+  const link = element("a", undefined, {download: "records.jsonl", href: URL.createObjectURL(file)});
+  link.click();
+  return "Saved records.jsonl (" + state.records.length + " records). Resume with --records, or build it with " +
+    "the messages.jsonl that import writes.";
+}));
+$("check-run").addEventListener("click", () => run("check-report", async () => reportText(await api("check", {
+  pack: $("check-pack").value, keys: $("check-keys").value}))));
+$("quit").addEventListener("click", async () => {
+  await api("quit");
+  document.body.replaceChildren(element("p", "The pack maker has stopped. You can close this tab.", {role: "status"}));
+});
+start().catch((error) => show("summary", "Could not load the export: " + error.message, true));
+"""
+MAKER_FILES = {"/": ("text/html; charset=utf-8", MAKER_HTML), "/maker.css": ("text/css; charset=utf-8", MAKER_CSS),
+               "/maker.js": ("text/javascript; charset=utf-8", MAKER_JS)}
+MAKER_HEADERS = (("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; "
+                  "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+                 ("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"), ("Referrer-Policy", "no-referrer"),
+                 ("Cache-Control", "no-store"), ("Cross-Origin-Resource-Policy", "same-origin"))
+
+
+def serve_maker(maker, port, announce):
+    """Serve the maker page and its API on 127.0.0.1 until Ctrl-C or the page's Stop button.
+
+    `announce` gets the address with a one-time token; the first visit trades it for an HttpOnly, SameSite=Strict
+    session cookie. Every other request needs that cookie, the exact Host (against DNS rebinding) and, for the
+    API, our own Origin (against other sites). Nothing is logged: requests carry chat text.
+    """
+    import hmac
+    import http.server
+    token, unused = os.urandom(18).hex().encode(), [True]
+
+    class MakerHandler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, status, answer, content_type="application/json", headers=()):
+            body = answer if isinstance(answer, bytes) else json.dumps(answer, ensure_ascii=False).encode("utf-8")
+            self.send_response(status)
+            for header in MAKER_HEADERS + headers + (("Content-Type", content_type),
+                                                     ("Content-Length", str(len(body)))):
+                self.send_header(*header)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def refused(self):
+            # after replying 403, why this request is refused (DNS rebinding, another site, no session), or None
+            cookies = [part.strip().encode() for part in (self.headers.get("Cookie") or "").split(";")]
+            why = ("wrong Host header %r; open %s" % (self.headers.get("Host"), origin)
+                   if self.headers.get("Host") != origin[7:] else
+                   "requests from other origins are refused"
+                   if self.headers.get("Origin", origin if self.command == "GET" else None) != origin else
+                   None if any(hmac.compare_digest(part, session) for part in cookies) else
+                   "no maker session: open the address the maker printed (its token works once)")
+            if why:
+                self.reply(403, {"error": why})
+            return why
+
+        def do_GET(self):
+            path, _, query = self.path.partition("?")
+            if path == "/" and unused and self.headers.get("Host") == origin[7:] \
+                    and hmac.compare_digest(query.encode(), b"token=" + token):
+                unused.clear()                    # the token works once (racing this needs the token itself)
+                cookie = session.decode() + "; HttpOnly; SameSite=Strict; Path=/"
+                return self.reply(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
+            if not self.refused():
+                kind, text = MAKER_FILES.get(path, ("application/json", None))
+                self.reply(200 if text else 404, text.encode("utf-8") if text else {"error": "no such page"}, kind)
+
+        def do_POST(self):
+            name, length = self.path[len("/api/"):], self.headers.get("Content-Length", "")
+            if self.refused():
+                return
+            try:
+                if not self.path.startswith("/api/") or name not in MAKER_API or not length.isdigit() \
+                        or int(length) > MAX_REQUEST_BYTES:
+                    raise ValueError("expected POST /api/NAME (NAME one of %s) with a JSON object of at most %d bytes "
+                                     "and its Content-Length" % (", ".join(MAKER_API), MAX_REQUEST_BYTES))
+                request = strict_json_loads(self.rfile.read(int(length)).decode("utf-8"))
+                if not isinstance(request, dict):
+                    raise ValueError("the body must be a JSON object")
+                answer = {"stopping": True} if name == "quit" else getattr(maker, "api_" + name)(request)
+            except (ValueError, PackError, OSError) as e:    # OSError: Build could not write; nothing was left
+                return self.reply(400, {"error": str(e)})
+            self.reply(200, answer)
+            if name == "quit":
+                threading.Thread(target=self.server.shutdown).start()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), MakerHandler)
+    origin, session = ("http://127.0.0.1:%d" % server.server_address[1],
+                       ("vm_maker_%d=%s" % (server.server_address[1], os.urandom(24).hex())).encode())
+    try:
+        announce("%s/?token=%s" % (origin, token.decode()))
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def _load_export(options, command):
+    if not options.get("--export") or not options.get("--out"):
+        raise UsageError("%s needs --export and --out" % command)
+    if os.path.lexists(options["--out"]):
+        raise PackError("%s already exists; --out must name something that does not exist yet" % options["--out"])
+    return read_export(_read_input(options["--export"], MAX_EXPORT_BYTES), options["--export"])
+
+
+def import_command(options, positional):
+    """`import`: a ChatGPT or Claude export -> the builder's messages.jsonl, written only if it did not exist."""
+    export = _load_export(options, "import")
+    try:
+        _write_new(options["--out"], messages_jsonl(enumerate(export.messages, 1)))
+    except BaseException as e:
+        if not isinstance(e, FileExistsError) and os.path.lexists(options["--out"]):
+            os.unlink(options["--out"])      # ours, part-written: O_EXCL created it
+        raise
+    print("wrote %s from a %s" % (options["--out"], export_summary(export)))
+    return 0
+
+
+def export_shape_command(options, positional):
+    """`export-shape FILE`: the structure of a JSON or zip export (files, keys, types, counts, lengths), no text."""
+    documents, members = export_documents(_read_input(positional[0], MAX_EXPORT_BYTES), positional[0],
+                                          re.compile(r".+\.json"))
+    shown = (".json", ".html", ".index", "/")
+    print("".join("%s  %d bytes\n" % (member, size) for member, size in members if member.endswith(shown)), end="")
+    others = Counter(_label(os.path.splitext(member)[1][1:].lower()) for member, _ in members
+                     if not member.endswith(shown))
+    if others:
+        print("other files by extension: " + ", ".join("%s x%d" % item for item in sorted(others.items())))
+    for name, text in documents:
+        print("%s:\n%s" % (name, "\n".join(json_shape(_json_items(text, name)))))
+    return 0
+
+
+def maker_command(options, positional):
+    """`maker`: the local pack maker page for one export (see the README)."""
+    port = options.get("--port") or "0"
+    if not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
+        raise UsageError("--port must be a port number from 0 (any free port) to 65535")
+    export = _load_export(options, "maker")
+    records = options.get("--records")
+    maker = PackMaker(export, options["--out"], [record for _, record in _input_objects(_read_input(
+        records, MAX_INPUT_BYTES["records"]), records)] if records else ())
+    if records:
+        maker.api_records({"records": maker.records})    # a saved selection must fit this export
+    print(export_summary(export))
+    try:
+        serve_maker(maker, int(port), lambda url: print("pack maker: open %s in your browser (Ctrl-C stops it)"
+                                                        % url, flush=True))
+    except KeyboardInterrupt:
+        print("pack maker stopped")
+    return 0
+
+
+EXPORT_COMMANDS = {"import": import_command, "export-shape": export_shape_command, "maker": maker_command}
+
+
+# ============================================================================
 # §11 Release artifacts (dev-time): a Claude Desktop bundle, a wheel, an MCP Registry entry
 # ============================================================================
 # Both archives are reproducible by construction: entries in a fixed order, stored (not deflated, so no zlib
@@ -2494,7 +3396,9 @@ COMMANDS = {"serve": (SERVE_FLAGS, ()), "check": (SERVE_FLAGS, ()), "search": (S
             "check-payee": (dict(SERVE_FLAGS, **{"--payee": "value", "--account": "value"}), ()),
             "build": (dict.fromkeys(("--messages", "--records", "--out", "--title", "--description"), "value"), ()),
             "sign": (dict.fromkeys(("--pack", "--key", "--expires", "--sequence", "--out"), "value"), ()),
-            "dist": (dict.fromkeys(("--out", "--registry-name", "--release-url", "--pypi-name"), "value"), ())}
+            "dist": (dict.fromkeys(("--out", "--registry-name", "--release-url", "--pypi-name"), "value"), ()),
+            "import": (dict.fromkeys(("--export", "--out"), "value"), ()), "export-shape": ({}, ("FILE",)),
+            "maker": (dict.fromkeys(("--export", "--out", "--records", "--port"), "value"), ())}
 
 
 class UsageError(Exception):
@@ -2608,6 +3512,8 @@ def main(argv=None):
             return (build_command if command == "build" else sign_command)(options)
         if command == "dist":
             return dist_command(options)
+        if command in EXPORT_COMMANDS:
+            return EXPORT_COMMANDS[command](options, positional)
         if command == "check-payee" and not (options.get("--payee") and options.get("--account")):
             raise UsageError("check-payee needs --payee NAME and --account ACCOUNT")
         mode = options.get("--sandbox") or "auto"   # unset, empty or ${...}: auto
