@@ -15,9 +15,9 @@ snapshot: verified_memory_search, verified_memory_get and verified_memory_check_
   verified_memory.py build  --messages M.jsonl --records R.jsonl --out DIR --title T [--description D]
   verified_memory.py sign   --pack DIR --key KEY --expires 90d|TIME [--sequence N] --out DIR
   verified_memory.py dist   --out DIR [--registry-name io.github.OWNER/NAME --release-url URL] [--pypi-name N]
-  verified_memory.py import --export EXPORT.zip --out messages.jsonl   ChatGPT or Claude export -> messages
-  verified_memory.py export-shape EXPORT.zip                      its structure, never its text
-  verified_memory.py maker  --export EXPORT.zip --out DIR [--records R.jsonl] [--port N]   local pack maker page
+  verified_memory.py import --export EXPORT.zip --out messages.jsonl     a ChatGPT or Claude export -> messages
+  verified_memory.py export-shape EXPORT.zip                        its structure, never its text
+  verified_memory.py maker  --export EXPORT.zip --out DIR [--records R.jsonl] [--port N]   the local pack maker
 
 Security model in five lines: nothing is served unless the whole pack verifies;
 only a key the host lists or pins makes a signature count, and a pin beats any
@@ -1920,7 +1920,7 @@ def serve(snapshot, stdin, stdout, clock=time.time_ns):
 
 MESSAGE_FIELDS = ("id", "date", "speaker", "text")
 INPUT_RECORD_FIELDS = ("record_id", "role", "topic", "category", "quotes", "statement", "speaker", "payee")
-MAX_INPUT_BYTES = {"messages": 64 << 20, "records": 16 << 20}
+MAX_INPUT_BYTES = {"messages": 2 << 30, "records": 16 << 20}   # messages: what `import` writes from a 2 GiB export
 
 
 def _input_objects(data, file):
