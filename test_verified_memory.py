@@ -4592,12 +4592,13 @@ class TestExportReaders(TempDirCase):
                 write(path, data)
                 done = run("export-shape", path)
                 self.assertEqual(done.returncode, 0, done.stderr)
-                shape = done.stdout.decode()
+                shape = done.stdout.decode().replace("\r\n", "\n")      # print() on Windows
                 texts = strings_in(value) + ["our garden at dusk", "Rowan Ash", "rowan@example.org", "Compost turning"]
                 self.assertEqual([text for text in texts if len(text) >= 4 and text in shape], [])
                 self.assertIn("  $[].chat_messages[].sender: string x14 (length 5 to 9); values: assistant x6, human "
-                              "x8\n" if "claude" in name else "  $[].mapping.<key>.message.author.role: string x", shape)
-        zipped = run("export-shape", os.path.join(self.tmp, "export.zip")).stdout.decode()
+                              "x8\n" if "claude" in name else "  $[].mapping.<key>.message.author.role: string x",
+                              shape)
+        zipped = run("export-shape", os.path.join(self.tmp, "export.zip")).stdout.decode().replace("\r\n", "\n")
         self.assertIn("conversations.json  %d bytes\n" % len(json_bytes(chatgpt_export())), zipped)
         self.assertIn("chat.html  41 bytes\n", zipped)
         self.assertIn("other files by extension: png x1\n", zipped)
@@ -4610,11 +4611,10 @@ class TestExportReaders(TempDirCase):
         self.assertIn("  $[].mapping.a2.message.content.content_type: string x1 (length 4 to 4); values: code x1\n",
                       zipped)
         bad = os.path.join(self.tmp, "bad.json")
-        write(bad, b'{"a": 1,}')
+        write(bad, b'{"a": 1 "b": 2}')
         done = run("export-shape", bad)
         self.assertEqual(done.returncode, 1)
-        self.assertIn(b"is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 9",
-                      done.stderr)
+        self.assertIn(b"is not valid JSON: Expecting ',' delimiter at line 1 column 9 (character 9)", done.stderr)
 
 
 class TestImportCommand(TempDirCase):
@@ -4624,9 +4624,10 @@ class TestImportCommand(TempDirCase):
         first, second = os.path.join(self.tmp, "one.jsonl"), os.path.join(self.tmp, "two.jsonl")
         done = run("import", "--export", export, "--out", first)
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(done.stdout.decode(), "wrote %s from a ChatGPT export: 4 conversations, 7 messages; left "
-                         "out: 1 conversation without text, 1 empty, 2 hidden, 1 model_editable_context, 2 other "
-                         "branch, 1 system, 1 thoughts, 1 tool, 2 tool call, 1 undated\n" % first)
+        self.assertEqual(done.stdout.decode().rstrip("\r\n"), "wrote %s from a ChatGPT export: 4 conversations, 7 "
+                         "messages; left out: 1 conversation without text, 1 empty, 2 hidden, 1 "
+                         "model_editable_context, 2 other branch, 1 system, 1 thoughts, 1 tool, 2 tool call, 1 "
+                         "undated" % first)
         self.assertEqual(run("import", "--export", export, "--out", second).returncode, 0)
         self.assertEqual(read(first), read(second))
         self.assertEqual([list(m.values()) for m in read_lines(first)],
@@ -4893,7 +4894,7 @@ class TestPackMakerApi(MakerCase):
                          {"status": "verified", "signer": "garden", "fingerprint": print_a, "pinned": False})
         done = run("check", "--pack", signed, "--trusted-fingerprint", print_b)
         refusal = maker.api("check", {"pack": signed, "keys": print_b}, status=400)["error"]
-        self.assertEqual("verified-memory: refused: %s\n" % refusal, done.stderr.decode())
+        self.assertEqual("verified-memory: refused: %s" % refusal, done.stderr.decode().rstrip("\r\n"))
         self.assertEqual(refusal, "pack is signed by %s, which is not a pinned signer fingerprint" % print_a)
         self.assertEqual(maker.api("check", {"pack": signed, "keys": "garden ssh-rsa AAAA"}, status=400),
                          {"error": "pasted keys line 1: key type ssh-rsa is not supported; only ssh-ed25519 keys are"})
@@ -4917,8 +4918,8 @@ class TestPackMakerApi(MakerCase):
         write(saved, json.dumps(dict(RECORDS[0], quotes=[{"message_id": 99, "quote": "x"}])) + "\n")
         done = run("maker", "--export", self.export, "--out", os.path.join(self.tmp, "p"), "--records", saved)
         self.assertEqual(done.returncode, 1)
-        self.assertEqual(done.stderr.decode(), "verified-memory: refused: records.jsonl line 1, field "
-                         "quotes[0].message_id: message 99 is not in the messages file\n")
+        self.assertEqual(done.stderr.decode().rstrip("\r\n"), "verified-memory: refused: records.jsonl line 1, "
+                         "field quotes[0].message_id: message 99 is not in the messages file")
 
     def test_start_up_refusals_and_stop(self):
         write(os.path.join(self.tmp, "taken"), "")
@@ -4952,7 +4953,8 @@ class DevTools:
         self.sock = socket.create_connection((host, int(port)), timeout=60)
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall(("GET /%s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                           "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % (path, address, key)).encode())
+                           "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                           % (path, address, key)).encode())
         head = b""
         while not head.endswith(b"\r\n\r\n"):
             head += self.exact(1)

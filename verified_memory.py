@@ -2960,6 +2960,7 @@ $("record-form").addEventListener("submit", async (event) => {
   const record = {record_id: $("record-id").value.trim(), role: $("role").value, topic: $("topic").value,
                   category: $("category").value, quotes: state.quotes};
   for (const field of ["statement", "speaker"]) if ($(field).value.trim()) record[field] = $(field).value;
+  // the payee fields (issue 13) join the record here, and in clearForm and editRecord
   const records = state.records.slice();
   records.splice(state.editing < 0 ? records.length : state.editing, state.editing < 0 ? 0 : 1, record);
   try {
