@@ -4834,6 +4834,23 @@ class TestPackMakerApi(MakerCase):
         self.assertEqual(maker.api("search", {"query": " ".join("w%d" % i for i in range(33))}, status=400),
                          {"error": "the query has 33 different words; the limit is 32"})
 
+    def test_a_payee_fact_is_checked_by_the_builder_and_answers_the_payee_tool(self):
+        text = "Hollow Oak Seeds Ltd: please pay into DE89 3704 0044 0532 0130 00 from now on."
+        export = [gpt_conversation("c-pay", "Seeds", 1717236000.0, {
+            "root": gpt_node(None, ["u"]), "u": gpt_node("root", [], "user", [text], 1717236005.0)}, "u")]
+        maker = self.start(json.dumps(export).encode(), name="conversations.json").login()
+        record = {"record_id": "M-seeds", "role": "user", "topic": "Seed supplier", "category": "payees",
+                  "quotes": [{"message_id": 1, "quote": text}],
+                  "payee": {"name": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 00"}}
+        swapped = dict(record, payee={"name": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 01"})
+        error = maker.api("records", {"records": [swapped]}, status=400)["error"]
+        self.assertTrue(error.startswith("records.jsonl line 1, field payee.account: "), error)
+        maker.api("build", {"title": "Payees", "records": [record]})
+        done = run("check-payee", "--pack", self.out, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                   "DE89370400440532013000")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(json.loads(done.stdout)["outcome"], "match")
+
     def test_records_build_a_pack_identical_to_import_and_build(self):
         maker = self.start().login()
         lines = maker.api("records", {"records": RECORDS})["jsonl"]
@@ -4852,8 +4869,9 @@ class TestPackMakerApi(MakerCase):
         self.assertEqual(sorted(os.listdir(self.out)), sorted(os.listdir(cli)))
         for name in os.listdir(cli):
             self.assertEqual(read(os.path.join(self.out, name)), read(os.path.join(cli, name)), name)
-        check = run("check", "--pack", self.out)
-        self.assertEqual(report, json.loads(check.stdout))
+        check = json.loads(run("check", "--pack", self.out).stdout)
+        del check["sandbox"]                    # the checking process's own state, not the pack's
+        self.assertEqual(report, check)
         self.assertEqual(maker.api("build", {"title": "Again", "records": RECORDS}, status=400), {
             "error": "%s already exists; --out must name a folder that does not exist yet" % self.out})
         self.assertEqual(maker.api("build", {"title": "", "records": RECORDS}, status=400),
@@ -4889,7 +4907,9 @@ class TestPackMakerApi(MakerCase):
             with self.subTest(flags=flags):
                 done = run("check", "--pack", signed, *flags)
                 self.assertEqual(done.returncode, 0, done.stderr)
-                self.assertEqual(maker.api("check", {"pack": signed, "keys": pasted}), json.loads(done.stdout))
+                check = json.loads(done.stdout)
+                del check["sandbox"]
+                self.assertEqual(maker.api("check", {"pack": signed, "keys": pasted}), check)
         self.assertEqual(maker.api("check", {"pack": signed, "keys": "garden " + line_a})["verification"]["signature"],
                          {"status": "verified", "signer": "garden", "fingerprint": print_a, "pinned": False})
         done = run("check", "--pack", signed, "--trusted-fingerprint", print_b)

@@ -2644,7 +2644,15 @@ MAKER_HTML = """<!doctype html>
       <input id="speaker">
       <label for="statement">Statement (optional; defaults to the quotes joined by spaces)</label>
       <textarea id="statement" rows="3"></textarea>
-      <!-- payee fields (issue 13) go here -->
+      <fieldset>
+        <legend>Payee (optional): who is paid, and into which account</legend>
+        <p class="hint">The account must appear in one of the quotes; IBAN and ABA numbers must pass their
+          checksums. verified_memory_check_payee answers from these facts before an agent pays.</p>
+        <label for="payee-name">Payee name</label>
+        <input id="payee-name" autocomplete="off">
+        <label for="payee-account">Payee account (IBAN, ABA routing number or other)</label>
+        <input id="payee-account" autocomplete="off" spellcheck="false">
+      </fieldset>
       <h3>Quotes</h3>
       <ul id="quotes" class="quotes"></ul>
       <button type="submit">Save record</button>
@@ -2714,7 +2722,8 @@ pre { white-space: pre-wrap; word-break: break-word; }
 """
 MAKER_JS = r"""// The pack maker page. Export text is only ever put in the page as textContent, never parsed as HTML.
 "use strict";
-const state = {assistant: "", conversations: [], messages: new Map(), records: [], quotes: [], editing: -1};
+const state = {assistant: "", conversations: [], messages: new Map(), records: [], quotes: [], editing: -1,
+               otherPayees: []};
 const $ = (id) => document.getElementById(id);
 
 async function api(name, body) {
@@ -2821,9 +2830,10 @@ function nextRecordId() {
 }
 
 function clearForm() {
-  for (const id of ["topic", "category", "speaker", "statement"]) $(id).value = "";
+  for (const id of ["topic", "category", "speaker", "statement", "payee-name", "payee-account"]) $(id).value = "";
   $("record-id").value = nextRecordId();
   state.quotes = [];
+  state.otherPayees = [];
   state.editing = -1;
   renderQuotes();
 }
@@ -2832,6 +2842,11 @@ function editRecord(index) {
   const record = state.records[index];
   for (const field of ["topic", "category", "speaker", "statement", "role"]) $(field).value = record[field] || "";
   $("record-id").value = record.record_id;
+  // the form edits one payee; a resumed record with several keeps the others as they are
+  const payees = record.payee === undefined ? [] : [].concat(record.payee);
+  $("payee-name").value = payees.length ? payees[0].name : "";
+  $("payee-account").value = payees.length ? payees[0].account : "";
+  state.otherPayees = payees.slice(1);
   state.quotes = record.quotes.map((quote) => Object.assign({}, quote));
   state.editing = index;
   renderQuotes();
@@ -2852,8 +2867,11 @@ function renderRecords() {
       else if (state.editing > index) state.editing -= 1;
       renderRecords();
     });
+    const payees = record.payee === undefined ? [] : [].concat(record.payee);
+    const paid = payees.map((payee) => element("p", "Payee: " + payee.name + ", account " + payee.account,
+                                               {class: "meta"}));
     listItem($("records"), element("strong", record.record_id + ": " + record.topic),
-             element("span", " (" + record.category + ", " + record.role + ")"), quotes, edit, remove);
+             element("span", " (" + record.category + ", " + record.role + ")"), ...paid, quotes, edit, remove);
   });
   $("records-heading").textContent = "Records (" + state.records.length + ")";
 }
@@ -2960,7 +2978,12 @@ $("record-form").addEventListener("submit", async (event) => {
   const record = {record_id: $("record-id").value.trim(), role: $("role").value, topic: $("topic").value,
                   category: $("category").value, quotes: state.quotes};
   for (const field of ["statement", "speaker"]) if ($(field).value.trim()) record[field] = $(field).value;
-  // the payee fields (issue 13) join the record here, and in clearForm and editRecord
+  const payee = {name: $("payee-name").value.trim(), account: $("payee-account").value.trim()};
+  if (Boolean(payee.name) !== Boolean(payee.account)) {
+    return show("record-status", "Give both the payee name and the account, or neither.", true);
+  }
+  const payees = (payee.name ? [payee] : []).concat(state.otherPayees);
+  if (payees.length) record.payee = payees.length === 1 ? payees[0] : payees;
   const records = state.records.slice();
   records.splice(state.editing < 0 ? records.length : state.editing, state.editing < 0 ? 0 : 1, record);
   try {
