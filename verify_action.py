@@ -9,22 +9,39 @@ receipt of what was judged. One file, Python standard library only (CPython 3.9+
 Deterministic rules that fetch nothing judge whether the evidence is consistent with the claim; a receipt (HMAC-SHA256
 over RFC 8785 canonical JSON) proves which service judged which request, when, with what result: never the claim.
 """
+
 import argparse, base64, collections, gc, hashlib, hmac, html, http, ipaddress, itertools, json, os, re, secrets
 import selectors, socket, stat, sys, threading, time, urllib.parse
+
 # ---- §1 Constants, verdicts, reason codes ------------------------------------------------------------------------
 VERSION, SCHEMA = "1.0.0", "verify_action_receipt.v0"
 VERDICTS = ("verified", "contradicted", "insufficient_evidence", "unsafe_to_verify")
-LEGACY, KINDS = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected"))), ("code_diff", "db_op", "file_op",
-                                                                                   "api_call", "generic")
+LEGACY, KINDS = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected"))), (
+    "code_diff",
+    "db_op",
+    "file_op",
+    "api_call",
+    "generic",
+)
 MAX_CLAIM, MAX_CONTEXT, MAX_DEPTH, MAX_BODY, MAX_CALLER_KEYS, MAX_CALLER_STR = 8192, 8192, 32, 1 << 20, 8, 64
 REQUEST_FIELDS = ("claim", "evidence", "kind", "context", "caller_context")
-BOUNDS = {"diff_chars": 4 << 20, "diff_files": 5000, "operation_chars": 65536, "path_chars": 4096,
-          "request_chars": 4 << 20, "count_max": 2 ** 53}
+BOUNDS = {
+    "diff_chars": 4 << 20,
+    "diff_files": 5000,
+    "operation_chars": 65536,
+    "path_chars": 4096,
+    "request_chars": 4 << 20,
+    "count_max": 2**53,
+}
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
-PROVES = ("Which service (key id kid) judged which exact request (SHA-256 of the claim, of the evidence and "
-          "of the whole request in RFC 8785 canonical form), when, and with what verdict and reason codes.")
-NOT_PROVES = ("That the claim is true. The service never reaches into databases, repositories or APIs; it only "
-              "judges whether the evidence is consistent with the claim, and evidence can be fabricated or incomplete.")
+PROVES = (
+    "Which service (key id kid) judged which exact request (SHA-256 of the claim, of the evidence and "
+    "of the whole request in RFC 8785 canonical form), when, and with what verdict and reason codes."
+)
+NOT_PROVES = (
+    "That the claim is true. The service never reaches into databases, repositories or APIs; it only "
+    "judges whether the evidence is consistent with the claim, and evidence can be fabricated or incomplete."
+)
 REASONS = {  # code: (kind, signal: + - ! (critical) unsafe 0 (neutral), meaning); closed: nothing else is emitted
     "no_signal": ("any", "0", "No rule found anything in the evidence to compare with the claim."),
     "evidence_missing_fields": ("any", "-", "The evidence lacks the fields this kind needs."),
@@ -88,56 +105,101 @@ REASONS = {  # code: (kind, signal: + - ! (critical) unsafe 0 (neutral), meaning
     "evidence_reports_failure": ("generic", "-", "A status, state, result or outcome key holds a failure word."),
 }
 _SIGNAL_NAMES = {"+": "positive", "-": "negative", "!": "critical", "unsafe": "unsafe", "0": "neutral"}
-DECISION = ("any unsafe code -> unsafe_to_verify; any critical -> contradicted; no negatives and >= 2 positives "
-            "-> verified; >= 2 negatives and no positives -> contradicted; otherwise insufficient_evidence.")
-CONFIDENCE = ("confidence in the stated verdict: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted 0.9 with a "
-              "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0.")
+DECISION = (
+    "any unsafe code -> unsafe_to_verify; any critical -> contradicted; no negatives and >= 2 positives "
+    "-> verified; >= 2 negatives and no positives -> contradicted; otherwise insufficient_evidence."
+)
+CONFIDENCE = (
+    "confidence in the stated verdict: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted 0.9 with a "
+    "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0."
+)
+
+
 def decide(codes):  # the fixed rule over codes (repeats count): (verdict, confidence)
     signals = [REASONS[c][1] for c in codes]
     pos, neg = signals.count("+"), signals.count("-")
-    if "unsafe" in signals: return "unsafe_to_verify", 0.0
-    if "!" in signals: return "contradicted", 0.9
-    if not neg and pos >= 2: return "verified", round(min(0.95, 0.6 + 0.1 * (pos - 2)), 3)
-    if neg >= 2 and not pos: return "contradicted", round(min(0.9, 0.6 + 0.1 * (neg - 2)), 3)
+    if "unsafe" in signals:
+        return "unsafe_to_verify", 0.0
+    if "!" in signals:
+        return "contradicted", 0.9
+    if not neg and pos >= 2:
+        return "verified", round(min(0.95, 0.6 + 0.1 * (pos - 2)), 3)
+    if neg >= 2 and not pos:
+        return "contradicted", round(min(0.9, 0.6 + 0.1 * (neg - 2)), 3)
     return "insufficient_evidence", 0.5
+
+
 # ---- §2 Canonical JSON (RFC 8785) and hashing --------------------------------------------------------------------
 _encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
 _sha = lambda data: "sha256:" + hashlib.sha256(data).hexdigest()
 _b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
 def _es_number(x):  # a number in ECMAScript Number.prototype.toString form, as RFC 8785 requires
-    if isinstance(x, int) and -2 ** 53 < x < 2 ** 53: return str(x)
+    if isinstance(x, int) and -(2**53) < x < 2**53:
+        return str(x)
     f = float(x)
-    if f != f or f in (float("inf"), float("-inf")): raise ValueError("NaN and Infinity have no canonical JSON form")
-    if f == 0: return "0"
+    if f != f or f in (float("inf"), float("-inf")):
+        raise ValueError("NaN and Infinity have no canonical JSON form")
+    if f == 0:
+        return "0"
     mant, _, exp = repr(abs(f)).partition("e")  # repr gives the shortest round-trip digits
     ip, _, fp = mant.partition(".")
     digits = (ip + fp).lstrip("0")
     n = len(ip) + int(exp or 0) - (len(ip + fp) - len(digits))  # position of the decimal point
     digits = digits.rstrip("0")
     k = len(digits)
-    out = (digits + "0" * (n - k) if k <= n <= 21 else digits[:n] + "." + digits[n:] if 0 < n <= 21
-           else "0." + "0" * -n + digits if -6 < n <= 0
-           else digits[0] + ("." + digits[1:] if k > 1 else "") + "e%+d" % (n - 1))
+    out = (
+        digits + "0" * (n - k)
+        if k <= n <= 21
+        else (
+            digits[:n] + "." + digits[n:]
+            if 0 < n <= 21
+            else (
+                "0." + "0" * -n + digits
+                if -6 < n <= 0
+                else digits[0] + ("." + digits[1:] if k > 1 else "") + "e%+d" % (n - 1)
+            )
+        )
+    )
     return ("-" if f < 0 else "") + out
+
+
 def _jcs(v):
-    if isinstance(v, str): return _encode_str(v)
-    if v is None or isinstance(v, bool): return "null" if v is None else "true" if v else "false"
-    if isinstance(v, (int, float)): return _es_number(v)
-    if isinstance(v, (list, tuple)): return "[" + ",".join(_jcs(i) for i in v) + "]"
-    if not isinstance(v, dict): raise TypeError("not a JSON value: %s" % type(v).__name__)
+    if isinstance(v, str):
+        return _encode_str(v)
+    if v is None or isinstance(v, bool):
+        return "null" if v is None else "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return _es_number(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_jcs(i) for i in v) + "]"
+    if not isinstance(v, dict):
+        raise TypeError("not a JSON value: %s" % type(v).__name__)
     keys = sorted(v, key=lambda k: k.encode("utf-16-be"))  # UTF-16 code unit order
     return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in keys) + "}"
+
+
 _NOT_PLAIN = re.compile(r"[0-9][.eE]|(?<![0-9])[0-9]{16}")  # outside strings: a float, or a 16-digit integer
 _BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
-_SORTED = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"),
-                           check_circular=False)
+_SORTED = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
+)
+
+
 def canonical_json(value):
     """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes (json.dumps in C when exact)."""
     text = _SORTED.encode(value)
-    if len(text) < 4096 or _NOT_PLAIN.search(text) and _NOT_PLAIN.search(_JSON_STRING.sub("", text)) or (
-            _BMP_HIGH.search(text) and _ASTRAL.search(text)):
+    if (
+        len(text) < 4096
+        or _NOT_PLAIN.search(text)
+        and _NOT_PLAIN.search(_JSON_STRING.sub("", text))
+        or (_BMP_HIGH.search(text) and _ASTRAL.search(text))
+    ):
         text = _jcs(value)
     return text.encode("utf-8")
+
+
 # ---- §3 Rules per kind (pure). Inputs are tokenised once with single-class patterns and judged with set ----------
 # look-ups and str methods: time is linear; no pattern has nested or adjacent overlapping quantifiers.
 _TOKEN = re.compile(r"[^\s`'\"();<>\[\]{}|]+")
@@ -163,22 +225,49 @@ _NOT_ID = frozenset("""version versions step steps phase page pages port attempt
     error errors times item items row rows record records percent top""".split())
 _NOT = frozenset("not never didn wasn isn couldn cannot weren hasn haven doesn don won unable".split())
 _NEGATION = _NOT | frozenset("no nothing none neither nor without failed".split())  # before a verb: 'no rows were'
+
+
 def _verbs(**classes):  # word -> class: base words and their -s -es -d -ed -ing -ied -ies forms
     table = {w: cls for cls, words in classes.items() for w in words.split()}
-    return dict({f: c for w, c in table.items() for f in (w + "s", w + "es", w + "d", w + "ed", w + "ing",
-                                                          w[:-1] + "ied", w[:-1] + "ies")}, **table)
+    return dict(
+        {
+            f: c
+            for w, c in table.items()
+            for f in (w + "s", w + "es", w + "d", w + "ed", w + "ing", w[:-1] + "ied", w[:-1] + "ies")
+        },
+        **table,
+    )
+
+
 VERB_CLASSES = {  # base words; each also matches its -s -es -d -ed -ing forms
-    "code_diff": dict(add="add introduce create implement write wrote", check="check validate guard ensure verify",
-                      modify="fix change update modify refactor rename set edit replace tweak",
-                      remove="remove delete drop dropped"),
-    "db_op": dict(delete="delete remove purge drop dropped truncate clear", insert="insert add create append import",
-                  update="update modify change set mark edit", read="read select query fetch count list retrieve"),
-    "file_op": dict(create="create add make made generate touch", write="write wrote written save",
-                    delete="delete remove erase unlink rm", rename="rename move mv",
-                    modify="modify update edit append change overwrite overwrote overwritten truncate")}
+    "code_diff": dict(
+        add="add introduce create implement write wrote",
+        check="check validate guard ensure verify",
+        modify="fix change update modify refactor rename set edit replace tweak",
+        remove="remove delete drop dropped",
+    ),
+    "db_op": dict(
+        delete="delete remove purge drop dropped truncate clear",
+        insert="insert add create append import",
+        update="update modify change set mark edit",
+        read="read select query fetch count list retrieve",
+    ),
+    "file_op": dict(
+        create="create add make made generate touch",
+        write="write wrote written save",
+        delete="delete remove erase unlink rm",
+        rename="rename move mv",
+        modify="modify update edit append change overwrite overwrote overwritten truncate",
+    ),
+}
 _CODE_VERBS, _DB_VERBS, _FILE_VERBS = (_verbs(**VERB_CLASSES[k]) for k in ("code_diff", "db_op", "file_op"))
-_FILE_STATES = {"create": (False, True), "write": (None, True), "delete": (True, False), "modify": (True, True),
-                "rename": (True, True)}  # (exists_before, exists_after) each verb needs; None: either
+_FILE_STATES = {
+    "create": (False, True),
+    "write": (None, True),
+    "delete": (True, False),
+    "modify": (True, True),
+    "rename": (True, True),
+}  # (exists_before, exists_after) each verb needs; None: either
 _ALL_VERBS = frozenset(_CODE_VERBS) | frozenset(_DB_VERBS) | frozenset(_FILE_VERBS)
 _OK_WORDS = frozenset("sent delivered posted created succeeded ok success successful successfully accepted".split())
 _FAIL_WORDS = frozenset("failed fail fails failure error errored rejected bounced denied unsuccessful unable".split())
@@ -186,80 +275,151 @@ _STATUS_OK = frozenset("ok success succeeded successful sent delivered accepted 
 _STATUS_FAIL = frozenset("error failed failure fail rejected bounced denied invalid".split())
 _STATUS_KEYS, _ARTICLES = frozenset("status state result outcome conclusion".split()), ("the", "a", "an", "file")
 _NOT_NOUN = _STOP | _NOT_ID | _ALL_VERBS | _OK_WORDS | _FAIL_WORDS | _STATUS_OK  # never the noun of 'user 5'
-_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10 ** 6, "mib": 1 << 20, "gb": 10 ** 9,
-               "gib": 1 << 30}
+_SIZE_UNITS = {
+    "b": 1,
+    "byte": 1,
+    "bytes": 1,
+    "kb": 1000,
+    "kib": 1024,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "gb": 10**9,
+    "gib": 1 << 30,
+}
 _EMAIL_LOCAL = {ord(c): "a" for c in "._+-%"}  # characters allowed in an email's local part besides letters, digits
 _strip = lambda t: t.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
 _digits = lambda s: s.isascii() and s.isdigit()
 _tokens = lambda text: [t for t in map(_strip, _TOKEN.findall(text)) if t]  # split once, punctuation trimmed
-_variants = lambda w: [w] + [w[:-len(s)] for s in ("ing", "ed", "es", "s") if w.endswith(s) and len(w) - len(s) >= 3]
+_variants = lambda w: [w] + [w[: -len(s)] for s in ("ing", "ed", "es", "s") if w.endswith(s) and len(w) - len(s) >= 3]
 _words = lambda text: ((toks := _tokens(text)), [t.lower() for t in toks])  # (tokens, the same lower-cased)
+
+
 def _number(tok):  # a plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None
     parts = tok.split(",") if len(tok) <= 24 else ["x"]
-    if len(parts) > 1 and not (1 <= len(parts[0]) <= 3 and all(len(p) == 3 for p in parts[1:])): return None
+    if len(parts) > 1 and not (1 <= len(parts[0]) <= 3 and all(len(p) == 3 for p in parts[1:])):
+        return None
     ip, dot, fp = "".join(parts).partition(".")
-    if not _digits(ip) or (dot and not _digits(fp)): return None
+    if not _digits(ip) or (dot and not _digits(fp)):
+        return None
     return float(ip + "." + fp) if dot else int(ip)
+
+
 def _identifier(tok, explicit=False):  # a dotted, snake_case or camelCase identifier (any word backticked), else None
     parts = tok.split(".")
     if not all(p and p.isascii() and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts):
         return None
-    if len(parts) > 1: return tok if max(len(p) for p in parts) > 1 else None
+    if len(parts) > 1:
+        return tok if max(len(p) for p in parts) > 1 else None
     camel = any(a.islower() and b.isupper() for a, b in zip(tok, tok[1:]))
     return tok if explicit or camel or "_" in tok.strip("_") else None
+
+
 def _email(tok):
     local, at, domain = tok.partition("@")
-    ok = (at and local and "." in domain.strip(".") and not domain.startswith(".") and not domain.endswith(".")
-          and domain.replace(".", "a").replace("-", "a").isalnum() and local.translate(_EMAIL_LOCAL).isalnum())
+    ok = (
+        at
+        and local
+        and "." in domain.strip(".")
+        and not domain.startswith(".")
+        and not domain.endswith(".")
+        and domain.replace(".", "a").replace("-", "a").isalnum()
+        and local.translate(_EMAIL_LOCAL).isalnum()
+    )
     return tok.lower() if ok else None
+
+
 def _host_path(netloc, path):  # (host in lower case, path without a trailing '/'), or None without a host
     host = netloc.rpartition("@")[2]  # no user info; no port; an IPv6 address without its brackets
-    host = (host[1:host.find("]")] if host[:1] == "[" else host.partition(":")[0]).lower()
+    host = (host[1 : host.find("]")] if host[:1] == "[" else host.partition(":")[0]).lower()
     return (host, path.rstrip("/")) if host else None
+
+
 _url = lambda tok: (lambda m: m and _host_path(m.group(1), m.group(2) or ""))(_URLS.match(tok))  # a URL token
+
+
 def _pathish(tok):  # a token that names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)
-    if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]: return False
+    if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]:
+        return False
     base = tok.rsplit("/", 1)[-1]
     name, dot, ext = base.rpartition(".")
-    if dot and ext.lower() in EXTENSIONS and (name or base.startswith(".")) and not _digits(name): return True
+    if dot and ext.lower() in EXTENSIONS and (name or base.startswith(".")) and not _digits(name):
+        return True
     return "/" in tok and bool(base) and (tok.startswith(("/", "./", "~/")) or tok.count("/") >= 2)
+
+
 _suffix_of = lambda claimed, path: bool(claimed) and (path == claimed or path.endswith("/" + claimed))  # not data.py
 _singular = lambda n: n[:-3] + "y" if n.endswith("ies") else n[:-1] if n.endswith("s") and n[-2:] != "ss" else n
+
+
 def _claim_ids(low):  # explicit ids as (noun, N): id=N, id N, #N, NAME_id N, user 12345
     ids = set()
     for i, t in enumerate(low):
         nxt = low[i + 1] if i + 1 < len(low) else ""
-        if t.startswith("#") and _digits(t[1:]) and len(t) <= 19: ids.add(("", str(int(t[1:]))))
-        elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21: ids.add(("", str(int(t[3:]))))
-        elif _digits(nxt) and len(nxt) <= 18 and (t == "id" or t.endswith("_id") or (
-                t.isalpha() and len(t) >= 3 and t not in _NOT_NOUN and not (t.endswith("ed") and len(t) > 4))):
+        if t.startswith("#") and _digits(t[1:]) and len(t) <= 19:
+            ids.add(("", str(int(t[1:]))))
+        elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21:
+            ids.add(("", str(int(t[3:]))))
+        elif (
+            _digits(nxt)
+            and len(nxt) <= 18
+            and (
+                t == "id"
+                or t.endswith("_id")
+                or (t.isalpha() and len(t) >= 3 and t not in _NOT_NOUN and not (t.endswith("ed") and len(t) > 4))
+            )
+        ):
             ids.add((_singular(t[:-3] if t.endswith("_id") else "" if t == "id" else t), str(int(nxt))))
     return ids
-_negated_at = lambda low, i: not _NEGATION.isdisjoint(low[max(0, i - 3):i])  # 'did not delete', 'no rows were'
+
+
+_negated_at = lambda low, i: not _NEGATION.isdisjoint(low[max(0, i - 3) : i])  # 'did not delete', 'no rows were'
+
+
 def _verb_classes(low, table):  # (classes of the non-negated verbs, whether a verb is negated)
     found = [(table[w], _negated_at(low, i)) for i, w in enumerate(low) if w in table]
     return {c for c, negated in found if not negated}, any(negated for _, negated in found)
+
+
 # (key, value text) of every member, at any depth, valued a scalar or a flat list in json.dumps text: one C pass
 _MEMBER = re.compile(r'(?<!\\)"([^"\\]{1,64})": ("[^"\\]*(?:\\.[^"\\]*)*"|\[[^\[\]{}]*\]|[^,{}\[\]"]*)')
+
+
 def _claim_count(low, verbs):  # the integer right after an action verb ('deleted 10 rows', 'removed all 3')
     for i in (i for i, t in enumerate(low) if t in verbs):
-        n = next((_number(w) for w in low[i + 1:i + 4] if w not in ("the", "all", "exactly", "only")), None)
-        if isinstance(n, int): return n
+        n = next((_number(w) for w in low[i + 1 : i + 4] if w not in ("the", "all", "exactly", "only")), None)
+        if isinstance(n, int):
+            return n
+
+
 def _head_paths(rest):  # (old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes
     rest, half = rest.strip(), len(rest.strip()) // 2
-    if rest.startswith("a/") and " b/" in rest: return rest[2:rest.find(" b/")], rest[rest.find(" b/") + 3:]
-    if len(rest) % 2 == 1 and rest[:half] == rest[half + 1:]: return rest[:half], rest[:half]
+    if rest.startswith("a/") and " b/" in rest:
+        return rest[2 : rest.find(" b/")], rest[rest.find(" b/") + 3 :]
+    if len(rest) % 2 == 1 and rest[:half] == rest[half + 1 :]:
+        return rest[:half], rest[:half]
     old, _, new = rest.partition(" ")
     return old, new or old
+
+
 def _header_path(value):
     value = value.split("\t", 1)[0].rstrip()  # diff -u appends a tab and a timestamp
     return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+
+
 def _unprefix(old, new):
     if (old.startswith("a/") or old == "/dev/null") and (new.startswith("b/") or new == "/dev/null"):
         return tuple(p[2:] if p[1:2] == "/" else p for p in (old, new))  # git's a/ b/ prefixes
     return old, new
-_new_file = lambda files, old, new: files.append(
-    {"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False}) or files[-1]
+
+
+_new_file = (
+    lambda files, old, new: files.append(
+        {"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False}
+    )
+    or files[-1]
+)
+
+
 def parse_diff(text):
     """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], +/- lines)."""
     files, changed, cur, git, minus, old_left, new_left = [], [], None, False, None, 0, 0
@@ -274,46 +434,66 @@ def parse_diff(text):
                 continue
             old_left = new_left = 0  # a short hunk: read the line as a header
         line = line.rstrip("\r")
-        if line.startswith("diff --git "): cur, git = _new_file(files, *_head_paths(line[11:])), True
-        elif line.startswith("--- "): minus = _header_path(line[4:])
+        if line.startswith("diff --git "):
+            cur, git = _new_file(files, *_head_paths(line[11:])), True
+        elif line.startswith("--- "):
+            minus = _header_path(line[4:])
         elif line.startswith("+++ ") and minus is not None:
             old, new = _unprefix(minus, _header_path(line[4:]))
             cur = cur if git else _new_file(files, old, new)
             cur["old"], cur["new"], git, minus = old, new, False, None
             if "/dev/null" in (old, new):
-                cur["status"], cur["old"], cur["new"] = ("added", new, new) if old == "/dev/null" else (
-                    "deleted", old, old)
+                cur["status"], cur["old"], cur["new"] = (
+                    ("added", new, new) if old == "/dev/null" else ("deleted", old, old)
+                )
         elif line.startswith("@@ "):
             cur, git = cur if cur is not None else _new_file(files, "", ""), False
             counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
             old_left, new_left = [int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]]
         elif cur is not None and line.startswith(("new file mode", "deleted file mode")):
             cur["status"] = "added" if line[0] == "n" else "deleted"
-        elif cur is not None and line.startswith("rename from "): cur["status"], cur["old"] = "renamed", line[12:]
-        elif cur is not None and line.startswith("rename to "): cur["status"], cur["new"] = "renamed", line[10:]
-        elif cur is not None and line.startswith("GIT binary patch"): cur["binary"] = True
+        elif cur is not None and line.startswith("rename from "):
+            cur["status"], cur["old"] = "renamed", line[12:]
+        elif cur is not None and line.startswith("rename to "):
+            cur["status"], cur["new"] = "renamed", line[10:]
+        elif cur is not None and line.startswith("GIT binary patch"):
+            cur["binary"] = True
         elif line.startswith("Binary files ") and line.endswith(" differ"):
             cur = cur if git else _new_file(files, *_unprefix(*line[13:-7].partition(" and ")[::2]))
             cur["binary"], git = True, False
     return files, changed
+
+
 def _code_tokens(lines):  # identifier-like tokens of code, with sub-chains of short dotted ones
     out = set()
     for t in set(_CODE_TOKEN.findall("\n".join(lines))):
         parts = t.strip(".").split(".")
         out.add(t.strip("."))
-        out.update(parts if len(parts) > 8 else (".".join(parts[i:j]) for i in range(len(parts))
-                                                  for j in range(i + 1, len(parts) + 1)))
+        out.update(
+            parts
+            if len(parts) > 8
+            else (".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
+        )
     return out
+
+
 def judge_code_diff(claim, ev):  # {diff}: claimed paths, identifiers and action vs the parsed diff
     files, changed = parse_diff(ev["diff"])
-    if len(files) > BOUNDS["diff_files"]: return ["evidence_too_large"], {}
+    if len(files) > BOUNDS["diff_files"]:
+        return ["evidence_too_large"], {}
     index = {}  # every whole-component suffix of every diff path -> file numbers
     for i, f in enumerate(files):
         for comps in (p.split("/") for p in {f["old"], f["new"]} - {"", "/dev/null"}):
-            for k in range(max(0, len(comps) - 16), len(comps)): index.setdefault("/".join(comps[k:]), set()).add(i)
-    details = {"files": files[:100], "files_changed": len(files), "lines_added": sum(f["added"] for f in files),
-               "lines_removed": sum(f["removed"] for f in files)}
-    if not files: return ["diff_no_changes"], details
+            for k in range(max(0, len(comps) - 16), len(comps)):
+                index.setdefault("/".join(comps[k:]), set()).add(i)
+    details = {
+        "files": files[:100],
+        "files_changed": len(files),
+        "lines_added": sum(f["added"] for f in files),
+        "lines_removed": sum(f["removed"] for f in files),
+    }
+    if not files:
+        return ["diff_no_changes"], details
     backticked = {t for span in claim.split("`")[1::2] for t in _tokens(span)} if claim.count("`") >= 2 else set()
     toks, low = _words(claim)
     claimed, idents, words, codes, named = [], set(), [], [], set()
@@ -323,52 +503,78 @@ def judge_code_diff(claim, ev):  # {diff}: claimed paths, identifiers and action
     lines = [line[1:] for line in changed if line[0] in sign]
     for t in toks:  # named paths first, so old_api.py is a path and never an identifier
         c = t[2:] if t.startswith("./") else t
-        if c in index or _pathish(c): claimed.append(c)
-        elif not (_email(t) or _url(t)) and _identifier(t, t in backticked): idents.add(t)
+        if c in index or _pathish(c):
+            claimed.append(c)
+        elif not (_email(t) or _url(t)) and _identifier(t, t in backticked):
+            idents.add(t)
         elif t.isalpha() and len(t) >= 4 and t.lower() not in _STOP and t.lower() not in _ALL_VERBS:
             words.append(t.lower())
     if claimed:
         hits = [c for c in claimed if c in index]
         named = set().union(*(index[c] for c in hits))
-        codes.append("path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed)
-                     else "path_in_diff")
-    if idents and idents <= _code_tokens(lines): codes.append("identifier_in_changed_lines")
-    elif idents: codes.append("identifier_not_in_changed_lines")
+        codes.append(
+            "path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed) else "path_in_diff"
+        )
+    if idents and idents <= _code_tokens(lines):
+        codes.append("identifier_in_changed_lines")
+    elif idents:
+        codes.append("identifier_not_in_changed_lines")
     elif words:  # content words matter only when the claim names no identifier
         have = {v for w in set(_CODE_WORD.findall("\n".join(lines))) for v in _variants(w.lower())}
-        if not any(v in have for w in words for v in _variants(w)): codes.append("content_words_absent")
+        if not any(v in have for w in words for v in _variants(w)):
+            codes.append("content_words_absent")
     scope = [files[i] for i in sorted(named)] if named else files
     added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
     if classes:
-        need = {"add": added > 0, "check": added > 0, "remove": removed or any(f["status"] == "deleted" for f in scope),
-                "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope)}
+        need = {
+            "add": added > 0,
+            "check": added > 0,
+            "remove": removed or any(f["status"] == "deleted" for f in scope),
+            "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope),
+        }
         codes.append("action_matches_lines" if all(need[c] for c in classes) else "action_mismatch_lines")
     gone = set()  # the files a remove verb names as its object: 'Removed old_api.py', 'Deleted the file x.py'
     for i in (i for i, w in enumerate(low) if _CODE_VERBS.get(w) == "remove" and not _negated_at(low, i)):
-        obj = next((t[2:] if t.startswith("./") else t for t in toks[i + 1:i + 4] if t.lower() not in _ARTICLES), "")
+        obj = next((t[2:] if t.startswith("./") else t for t in toks[i + 1 : i + 4] if t.lower() not in _ARTICLES), "")
         gone |= index.get(obj, {-1}) if obj and (obj in index or _pathish(obj)) else set()
-    if gone: codes.append("file_deleted" if all(k >= 0 and files[k]["status"] == "deleted" for k in gone)
-                          else "file_not_deleted")
-    if negated: codes.append("claim_negated")
+    if gone:
+        codes.append(
+            "file_deleted" if all(k >= 0 and files[k]["status"] == "deleted" for k in gone) else "file_not_deleted"
+        )
+    if negated:
+        codes.append("claim_negated")
     if named and len(named) < len(files):
         total = sum(f["added"] + f["removed"] for f in files)
         codes.append("changes_mostly_elsewhere" if (total - added - removed) * 2 > total else "unnamed_files_changed")
     details.update(claimed_paths=claimed[:50], identifiers=sorted(idents)[:50], actions=sorted(classes))
     return codes, details
+
+
 def _strip_sql(sql):  # SQL with string literals, quoted names and comments blanked, in one forward pass (linear)
     out, i = [], 0
     while True:
         m = _SQL_SKIP.search(sql, i)
-        out.append(sql[i:m.start() if m else len(sql)])
+        out.append(sql[i : m.start() if m else len(sql)])
         end = {"--": "\n", "/*": "*/"}.get(m.group(), m.group()) if m else ""
         j = sql.find(end, m.end()) if m else -1
-        if j < 0: return " ".join(out)
+        if j < 0:
+            return " ".join(out)
         i = j + len(end)
+
+
 def sql_facts(sql):
     """(kind, ids in the first statement's WHERE, WHERE broad: OR/NOT/<>/!=/subquery, more statements)."""
     toks = _SQL_TOKEN.findall(_strip_sql(sql))
-    kinds = {"SELECT": "read", "INSERT": "insert", "UPDATE": "update", "DELETE": "delete", "TRUNCATE": "delete",
-             "MERGE": "merge", "REPLACE": "merge", "UPSERT": "merge"}
+    kinds = {
+        "SELECT": "read",
+        "INSERT": "insert",
+        "UPDATE": "update",
+        "DELETE": "delete",
+        "TRUNCATE": "delete",
+        "MERGE": "merge",
+        "REPLACE": "merge",
+        "UPSERT": "merge",
+    }
     kind, depth, start, end, first = None, 0, 0, len(toks), toks[0].upper() if toks else ""
     for i, t in enumerate(toks):
         depth += (t == "(") - (t == ")")
@@ -377,7 +583,8 @@ def sql_facts(sql):
             break
         if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in kinds:
             kind, start = kinds[t.upper()], i  # after WITH, the first statement keyword outside parentheses
-    if kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end]): kind = "merge"
+    if kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end]):
+        kind = "merge"
     ids, where, broad, i = set(), False, False, start
     num = lambda j: str(int(toks[j])) if start <= j < end and _digits(toks[j]) and len(toks[j]) <= 18 else None
     while i < end:  # each token is looked at a bounded number of times: linear
@@ -385,17 +592,27 @@ def sql_facts(sql):
         where = where or up == "WHERE"
         broad = broad or where and (up in ("OR", "<>", "!=") or up == "NOT" and nxt != "NULL")
         if where and (col == "id" or col.endswith("_id") or toks[i].endswith("Id")):
-            if [t.upper() for t in toks[i + 1:i + 3]] == ["IN", "("]:  # id IN (1, 2, 3): at most 1000 tokens
+            if [t.upper() for t in toks[i + 1 : i + 3]] == ["IN", "("]:  # id IN (1, 2, 3): at most 1000 tokens
                 stop = next((j for j in range(i + 3, min(end, i + 1003)) if toks[j] == ")"), min(end, i + 1003))
                 inner = range(i + 3, stop)
-                if all(toks[j] == "," or num(j) for j in inner): ids.update(filter(None, map(num, inner)))
-                else: broad = True  # a subquery or an expression
+                if all(toks[j] == "," or num(j) for j in inner):
+                    ids.update(filter(None, map(num, inner)))
+                else:
+                    broad = True  # a subquery or an expression
                 i = stop
                 continue
-            ids.update(n for n in (num(i + 2) if toks[i + 1:i + 2] == ["="] else None,
-                                   num(i - 2) if toks[i - 1:i] == ["="] else None) if n)
+            ids.update(
+                n
+                for n in (
+                    num(i + 2) if toks[i + 1 : i + 2] == ["="] else None,
+                    num(i - 2) if toks[i - 1 : i] == ["="] else None,
+                )
+                if n
+            )
         i += 1
-    return kind, ids, broad, any(t != ";" for t in toks[end + 1:])
+    return kind, ids, broad, any(t != ";" for t in toks[end + 1 :])
+
+
 def judge_db_op(claim, ev):  # verb vs SQL kind vs row delta vs affected_rows; ids vs WHERE
     low = [t.lower() for t in _tokens(claim)]
     classes, negated = _verb_classes(low, _DB_VERBS)
@@ -405,34 +622,54 @@ def judge_db_op(claim, ev):  # verb vs SQL kind vs row delta vs affected_rows; i
     skind, sql_ids, broad, several = sql_facts(op) if op is not None else (None, set(), False, False)
     claimed = min(writes) if len(writes) == 1 else "read" if classes == {"read"} else None
     count, codes = _claim_count(low, _DB_VERBS), ["claim_negated"] if negated else []
-    details = {"claimed_action": claimed, "sql_kind": skind, "row_delta": delta, "affected_rows": aff,
-               "sql_identifiers": sorted(sql_ids)[:50], "claimed_count": count}
-    if len(writes) > 1: return ["conflicting_verbs"], details
+    details = {
+        "claimed_action": claimed,
+        "sql_kind": skind,
+        "row_delta": delta,
+        "affected_rows": aff,
+        "sql_identifiers": sorted(sql_ids)[:50],
+        "claimed_count": count,
+    }
+    if len(writes) > 1:
+        return ["conflicting_verbs"], details
     if claimed and skind and skind != "merge":
-        codes.append("sql_kind_matches" if skind == claimed else "sql_kind_conflicts" if skind == "read"
-                     else "sql_kind_mismatch")
-    if several: codes.append("sql_multiple_statements")
+        codes.append(
+            "sql_kind_matches" if skind == claimed else "sql_kind_conflicts" if skind == "read" else "sql_kind_mismatch"
+        )
+    if several:
+        codes.append("sql_multiple_statements")
     if claimed and delta is not None:
         fits = {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}[claimed]
         codes.append("row_delta_matches" if fits else "row_delta_mismatch")
-    if writes and aff == 0: codes.append("affected_rows_zero")
+    if writes and aff == 0:
+        codes.append("affected_rows_zero")
     elif writes and aff is not None and delta is not None and claimed != "update":  # consistency needs two fields
         codes.append("affected_rows_consistent" if aff == abs(delta) else "affected_rows_mismatch")
-    elif claimed == "update" and aff is not None and delta == 0: codes.append("affected_rows_consistent")
+    elif claimed == "update" and aff is not None and delta == 0:
+        codes.append("affected_rows_consistent")
     known = {aff, abs(delta) if delta is not None and claimed != "update" else None} - {None}
-    if count is not None and known: codes.append("count_matches" if count in known else "count_mismatch")
+    if count is not None and known:
+        codes.append("count_matches" if count in known else "count_mismatch")
     ids = {n for _, n in _claim_ids(low)}
-    if ids and not ids <= sql_ids and sql_ids: codes.append("sql_identifier_mismatch")
-    elif ids: codes.append("sql_identifier_unchecked" if broad or not sql_ids else "sql_identifier_matches")
+    if ids and not ids <= sql_ids and sql_ids:
+        codes.append("sql_identifier_mismatch")
+    elif ids:
+        codes.append("sql_identifier_unchecked" if broad or not sql_ids else "sql_identifier_matches")
     return codes, details
+
+
 def _quantities(low):  # [(token index, 'lines' or 'bytes', value)]: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'
     out = []
     for i, t in enumerate(low):
         j = len(t) - len(t.lstrip("0123456789.,")) if len(t) <= 32 else 0
         n, unit = _number(t[:j]) if j else None, t[j:] or (low[i + 1] if i + 1 < len(low) else "")
-        if n is not None and unit in ("line", "lines") and isinstance(n, int): out.append((i, "lines", n))
-        elif n is not None and unit in _SIZE_UNITS: out.append((i, "bytes", n * _SIZE_UNITS[unit]))
+        if n is not None and unit in ("line", "lines") and isinstance(n, int):
+            out.append((i, "lines", n))
+        elif n is not None and unit in _SIZE_UNITS:
+            out.append((i, "bytes", n * _SIZE_UNITS[unit]))
     return out
+
+
 def judge_file_op(claim, ev):  # {path, exists_before, exists_after, line_count?, size_bytes?, new_path?}
     toks, low = _words(claim)
     path, new, quantities = ev["path"], ev.get("new_path"), _quantities(low)
@@ -442,49 +679,74 @@ def judge_file_op(claim, ev):  # {path, exists_before, exists_after, line_count?
     classes -= {"write"} if len(classes) > 1 else set()
     verb = min(classes) if len(classes) == 1 else None
     details = {"claimed_action": verb, "path": path, "new_path": new}
-    if len(classes) > 1: return ["conflicting_verbs"], details
+    if len(classes) > 1:
+        return ["conflicting_verbs"], details
     codes, match = ["claim_negated"] * negated, lambda c: _suffix_of(c, path) or bool(new and _suffix_of(c, new))
     claimed = [c for c in (t[2:] if t.startswith("./") else t for t in toks) if _pathish(c) or match(c)]
     bad = [c for c in claimed if not match(c)]
-    if verb == "rename" and not new and len(bad) == 1 < len(claimed): bad = []  # the destination: not in evidence
+    if verb == "rename" and not new and len(bad) == 1 < len(claimed):
+        bad = []  # the destination: not in evidence
     order = [not _suffix_of(c, path) for c in claimed]  # for a rename: path (old) named before new_path
-    if verb == "rename" and new and order != sorted(order): bad = claimed
+    if verb == "rename" and new and order != sorted(order):
+        bad = claimed
     codes.append("path_mismatch" if bad else "path_matches" if claimed else "path_not_named")
-    if verb == "rename" and not new: codes.append("new_path_missing")
+    if verb == "rename" and not new:
+        codes.append("new_path_missing")
     elif verb:
         want_before, want_after = _FILE_STATES[verb]
-        codes.append("end_state_mismatch" if ev["exists_after"] != want_after else "start_state_mismatch"
-                     if want_before is not None and ev["exists_before"] != want_before else "existence_matches")
+        codes.append(
+            "end_state_mismatch"
+            if ev["exists_after"] != want_after
+            else (
+                "start_state_mismatch"
+                if want_before is not None and ev["exists_before"] != want_before
+                else "existence_matches"
+            )
+        )
     lines, sizes = ([v for i, k, v in quantities if k == unit and i - 1 not in edits] for unit in ("lines", "bytes"))
     if lines and ev.get("line_count") is not None:
         actual, off = ev["line_count"], abs(lines[0] - ev["line_count"])
-        codes.append("line_count_matches" if off == 0 else "line_count_mismatch" if off > 50 or off > 0.1 * actual
-                     else "line_count_off")
+        codes.append(
+            "line_count_matches"
+            if off == 0
+            else "line_count_mismatch" if off > 50 or off > 0.1 * actual else "line_count_off"
+        )
     if sizes and ev.get("size_bytes") is not None:
         rel = abs(sizes[0] - ev["size_bytes"]) / ev["size_bytes"] if ev["size_bytes"] else float(sizes[0] != 0)
         codes.append("size_matches" if rel <= 0.01 else "size_mismatch" if rel > 0.5 else "size_off")
     details.update(claimed_paths=claimed[:50], claimed_lines=lines[:1], claimed_bytes=sizes[:1])
     return codes, details
+
+
 _outcome = lambda ok, fail: "success" if ok and not fail else "failure" if fail and not ok else None
+
+
 def _body_outcome(body):  # 'success', 'failure' or None, judged structurally for JSON and by whole words for other text
     if isinstance(body, str):
-        try: body = strict_loads(body.encode("utf-8"), exact_ints=False)
+        try:
+            body = strict_loads(body.encode("utf-8"), exact_ints=False)
         except (ValueError, UnicodeError):
             words = set(_ALPHA.findall(body.lower()))
             return _outcome(words & _STATUS_OK, words & _STATUS_FAIL)
-    if not isinstance(body, dict): return None
+    if not isinstance(body, dict):
+        return None
     votes = {("success" if body[k] else "failure") for k in ("ok", "success") if isinstance(body.get(k), bool)}
     status = body.get("status").strip().lower() if isinstance(body.get("status"), str) else ""
     votes |= {"success"} if status in _STATUS_OK else {"failure"} if status in _STATUS_FAIL else set()
     if body.get("error") not in (None, False) or (isinstance(body.get("errors"), (list, dict)) and body["errors"]):
         votes.add("failure")
     return votes.pop() if len(votes) == 1 else None
+
+
 _URL_KEYS, _EMAIL_KEYS = {"url", "uri", "endpoint", "href"}, {"to", "recipient", "recipients", "email", "cc"}
+
+
 def _request_targets(req, want_ids):  # (emails, {host: paths}, (noun, id) pairs) in target fields
     emails, urls, ids, whole = set(), {}, set(), isinstance(req, str)
     for key, text in [("", req)] if whole else _MEMBER.findall(json.dumps(req, ensure_ascii=False)):
         low, text = key.lower(), text.strip('"')
-        if whole or low in _EMAIL_KEYS: emails.update(filter(None, map(_email, _tokens(text))))  # Eve <eve@x.com>
+        if whole or low in _EMAIL_KEYS:
+            emails.update(filter(None, map(_email, _tokens(text))))  # Eve <eve@x.com>
         for host, path in filter(None, (_host_path(*m) for m in _URLS.findall(text) if whole or low in _URL_KEYS)):
             urls.setdefault(host, set()).add(path)
             segs = path.split("/") if want_ids else ()  # /customers/78 -> customer 78, if the claim names an id
@@ -492,6 +754,8 @@ def _request_targets(req, want_ids):  # (emails, {host: paths}, (noun, id) pairs
         if (low == "id" or low.endswith("_id") or key.endswith("Id")) and _digits(text) and len(text) <= 18:
             ids.add((_singular(low[:-2].rstrip("_")), str(int(text))))
     return emails, urls, ids | (_claim_ids([t.lower() for t in _tokens(req)]) if whole and want_ids else set())
+
+
 def judge_api_call(claim, ev):  # intent vs status class and body; targets vs the request
     toks, low = _words(claim)
     ok, negated = _verb_classes(low, dict.fromkeys(_OK_WORDS, "ok"))  # 'was not sent' is a failure
@@ -499,11 +763,17 @@ def judge_api_call(claim, ev):  # intent vs status class and body; targets vs th
     status, body, codes = ev["response_status"], _body_outcome(ev.get("response_body")), []
     details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
     if intent and (status >= 400 or 200 <= status < 300):
-        codes.append("status_matches_claim" if (status < 400) == (intent == "success") else "status_failure"
-                     if intent == "success" else "status_contradicts_failure_claim")
+        codes.append(
+            "status_matches_claim"
+            if (status < 400) == (intent == "success")
+            else "status_failure" if intent == "success" else "status_contradicts_failure_claim"
+        )
     if intent and body:
-        codes.append("body_matches_claim" if body == intent else "body_failure" if body == "failure"
-                     else "body_contradicts_failure_claim")
+        codes.append(
+            "body_matches_claim"
+            if body == intent
+            else "body_failure" if body == "failure" else "body_contradicts_failure_claim"
+        )
     emails, urls, ids = _request_targets(ev.get("request") or {}, bool(claim_ids := _claim_ids(low)))
     code = lambda hit, others: "target_matches" if hit else "target_mismatch" if others else "target_not_in_request"
     results = {code(e in emails, emails) for e in filter(None, map(_email, toks))}
@@ -513,6 +783,8 @@ def judge_api_call(claim, ev):  # intent vs status class and body; targets vs th
         results.add(code(n in same, same))
     codes += [c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results][:1]
     return codes, details
+
+
 def judge_generic(claim, ev):  # conservative: entity matches; explicit KEY is VALUE conflicts
     text = json.dumps(ev, ensure_ascii=False).lower()  # ": " keeps values apart from their keys
     have, raw = set(_TOKEN.findall(text)), _TOKEN.findall(claim)
@@ -520,66 +792,125 @@ def judge_generic(claim, ev):  # conservative: entity matches; explicit KEY is V
     low = [t.lower() for t in toks]
     for t in toks:  # numbers below 10 ('3 databases', '0 errors') match by chance: not entities
         n = _number(t)
-        if (n or 0) >= 10 or n is None and t.lower() not in ("true", "false", "null") and (
-                _email(t) or _url(t) or _pathish(t) or _identifier(t)):
+        if (
+            (n or 0) >= 10
+            or n is None
+            and t.lower() not in ("true", "false", "null")
+            and (_email(t) or _url(t) or _pathish(t) or _identifier(t))
+        ):
             ents.add(_es_number(n) if n is not None else t.lower())
     matched = [e for e in ents if any(e + s in have for s in ("", ".", ",", ":", "/", "!", "?"))]
     codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
     fillers = {"not", "no", "now", "still", "also", "the", "a", "an", "being", "set", "already", "currently"}
     for i, t in enumerate(raw[:-1]):
         key = val = None
-        if t.endswith(":") and len(t) > 1: key, val = t[:-1], toks[i + 1]
+        if t.endswith(":") and len(t) > 1:
+            key, val = t[:-1], toks[i + 1]
         elif i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were"):
             key, val = toks[i], toks[i + 2]
-        elif "=" in t.strip("="): key, val = t.partition("=")[0], _strip(t.partition("=")[2])
-        if key and val and val.lower() not in fillers and key.replace("_", "a").replace("-", "a").isalnum() and (
-                key.lower()[:64] in stated or len(stated) < 32):
+        elif "=" in t.strip("="):
+            key, val = t.partition("=")[0], _strip(t.partition("=")[2])
+        if (
+            key
+            and val
+            and val.lower() not in fillers
+            and key.replace("_", "a").replace("-", "a").isalnum()
+            and (key.lower()[:64] in stated or len(stated) < 32)
+        ):
             stated.setdefault(key.lower()[:64], set()).add(val.lower())
     wanted = [k for k in list(stated) + list(_STATUS_KEYS) if '"%s": ' % k in text]  # keys the evidence has
     for key, v in _MEMBER.findall(text) if wanted else ():  # one pass: the values of the claim's and status keys
-        if v and v[0] != "[" and (key in stated or key in _STATUS_KEYS): values.setdefault(key, []).append(v.strip('"'))
+        if v and v[0] != "[" and (key in stated or key in _STATUS_KEYS):
+            values.setdefault(key, []).append(v.strip('"'))
     for key, claimed in stated.items():  # one code per key, however often the claim states it
         found, same = values.get(key, [])[:100], set()
         for val, num in ((val, _number(val)) for val in claimed):  # numbers meet numbers, words strings and literals
             typed = [v for v in found if (_number(v) is None) == (num is None)]
-            if typed: same.add(any(v == val or num is not None and _es_number(_number(v)) == _es_number(num)
-                                   for v in typed))
-        if same: codes.append("explicit_value_conflict" if False in same else "explicit_value_match")
+            if typed:
+                same.add(any(v == val or num is not None and _es_number(_number(v)) == _es_number(num) for v in typed))
+        if same:
+            codes.append("explicit_value_conflict" if False in same else "explicit_value_match")
     if _FAIL_WORDS.isdisjoint(low) and any(v.strip() in _STATUS_FAIL for k in _STATUS_KEYS for v in values.get(k, ())):
         codes.append("evidence_reports_failure")
     return codes + ["claim_negated"] * (not _NOT.isdisjoint(low)), {"entities_matched": len(matched)}
+
+
 _COUNT = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
 _STR, _BOOL = lambda v: isinstance(v, str) and v != "", lambda v: isinstance(v, bool)
 # kind -> ({field: (type check, length bound)}, groups of fields: the evidence needs one complete group)
 EVIDENCE = {
     "code_diff": ({"diff": (lambda v: isinstance(v, str), "diff_chars")}, [("diff",)]),
-    "db_op": ({"before_count": (_COUNT, None), "after_count": (_COUNT, None), "affected_rows": (_COUNT, None),
-               "operation": (_STR, "operation_chars")}, [("before_count", "after_count"), ("affected_rows",),
-                                                         ("operation",)]),
-    "file_op": ({"path": (_STR, "path_chars"), "new_path": (_STR, "path_chars"), "exists_before": (_BOOL, None),
-                 "exists_after": (_BOOL, None), "line_count": (_COUNT, None), "size_bytes": (_COUNT, None)},
-                [("path", "exists_before", "exists_after")]),
-    "api_call": ({"response_status": (lambda v: _COUNT(v) and 100 <= v <= 599, None),
-                  "request": (lambda v: isinstance(v, (str, dict)), "request_chars")}, [("response_status",)]),
-    "generic": ({}, [()])}
+    "db_op": (
+        {
+            "before_count": (_COUNT, None),
+            "after_count": (_COUNT, None),
+            "affected_rows": (_COUNT, None),
+            "operation": (_STR, "operation_chars"),
+        },
+        [("before_count", "after_count"), ("affected_rows",), ("operation",)],
+    ),
+    "file_op": (
+        {
+            "path": (_STR, "path_chars"),
+            "new_path": (_STR, "path_chars"),
+            "exists_before": (_BOOL, None),
+            "exists_after": (_BOOL, None),
+            "line_count": (_COUNT, None),
+            "size_bytes": (_COUNT, None),
+        },
+        [("path", "exists_before", "exists_after")],
+    ),
+    "api_call": (
+        {
+            "response_status": (lambda v: _COUNT(v) and 100 <= v <= 599, None),
+            "request": (lambda v: isinstance(v, (str, dict)), "request_chars"),
+        },
+        [("response_status",)],
+    ),
+    "generic": ({}, [()]),
+}
+
+
 def check_evidence(kind, ev):  # a code when the evidence cannot be judged as kind; null is absent
     fields, groups = EVIDENCE[kind]
     for name, (ok, bound) in fields.items():
         v = ev.get(name)
-        if v is not None and not ok(v): return "evidence_invalid"
-        if bound and isinstance(v, str) and len(v) > BOUNDS[bound]: return "evidence_too_large"
+        if v is not None and not ok(v):
+            return "evidence_invalid"
+        if bound and isinstance(v, str) and len(v) > BOUNDS[bound]:
+            return "evidence_too_large"
     return None if any(all(ev.get(f) is not None for f in g) for g in groups) else "evidence_missing_fields"
-_JUDGES = {"code_diff": judge_code_diff, "db_op": judge_db_op, "file_op": judge_file_op, "api_call": judge_api_call,
-           "generic": judge_generic}
-_SHAPES = (("code_diff", ("diff",)), ("db_op", ("before_count", "after_count", "affected_rows")),
-           ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
-           ("api_call", ("request", "response_status", "response_body")))
-DISPATCH = (["the kind field, case-insensitive"] + ["any of %s -> %s" % (", ".join(f), k) for k, f in _SHAPES]
-            + ["otherwise generic (operation alone never selects db_op)"])
+
+
+_JUDGES = {
+    "code_diff": judge_code_diff,
+    "db_op": judge_db_op,
+    "file_op": judge_file_op,
+    "api_call": judge_api_call,
+    "generic": judge_generic,
+}
+_SHAPES = (
+    ("code_diff", ("diff",)),
+    ("db_op", ("before_count", "after_count", "affected_rows")),
+    ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
+    ("api_call", ("request", "response_status", "response_body")),
+)
+DISPATCH = (
+    ["the kind field, case-insensitive"]
+    + ["any of %s -> %s" % (", ".join(f), k) for k, f in _SHAPES]
+    + ["otherwise generic (operation alone never selects db_op)"]
+)
+
+
 def dispatch_kind(evidence, kind=None):
     """The requested kind (case-insensitive), else by evidence shape (null is absent, as for checks)."""
-    return kind.lower() if kind else next((k for k, fs in _SHAPES if any(evidence.get(f) is not None for f in fs)),
-                                          "generic")
+    return (
+        kind.lower()
+        if kind
+        else next((k for k, fs in _SHAPES if any(evidence.get(f) is not None for f in fs)), "generic")
+    )
+
+
 def judge(kind, claim, evidence):
     """(codes, details, verdict, confidence); never raises: a rule failure is unsafe_to_verify (verifier_error)."""
     try:
@@ -589,103 +920,176 @@ def judge(kind, claim, evidence):
         return (codes, details) + decide(codes)
     except Exception:
         return ["verifier_error"], {}, "unsafe_to_verify", 0.0
+
+
 # ---- §4 Receipts (pure given a key ring) -------------------------------------------------------------------------
-RECEIPT_FIELDS = collections.OrderedDict([  # field -> what it holds (GET /spec documents each)
-    ("schema", "\"verify_action_receipt.v0\"."), ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8."),
-    ("evidence_manifest_hash", "\"sha256:\" + hex SHA-256 of the RFC 8785 canonical JSON of evidence."),
-    ("request_hash", "The same over the whole request as received (MCP: the arguments): kind and contexts are bound."),
-    ("verifier_id", "\"verify_action.py@<version>\"."), ("verifier_method", "\"rule_based.<kind>\"."),
-    ("verdict", "The aar_verdict."), ("confidence", "In the verdict, 0..1."), ("reason_codes", "never input"),
-    ("policy_or_oracle_refs", "[]: no oracle is used."), ("caller_context", "As received; {} when absent."),
-    ("issued_at", "RFC 3339 UTC time."), ("issued_by", "--issuer."), ("kid", "Key id in the operator's key ring."),
-    ("signature", "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256 under the kid's key of the canonical JSON of "
-                  "the receipt without signature.")])
+RECEIPT_FIELDS = collections.OrderedDict(
+    [  # field -> what it holds (GET /spec documents each)
+        ("schema", "\"verify_action_receipt.v0\"."),
+        ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8."),
+        ("evidence_manifest_hash", "\"sha256:\" + hex SHA-256 of the RFC 8785 canonical JSON of evidence."),
+        (
+            "request_hash",
+            "The same over the whole request as received (MCP: the arguments): kind and contexts are bound.",
+        ),
+        ("verifier_id", "\"verify_action.py@<version>\"."),
+        ("verifier_method", "\"rule_based.<kind>\"."),
+        ("verdict", "The aar_verdict."),
+        ("confidence", "In the verdict, 0..1."),
+        ("reason_codes", "never input"),
+        ("policy_or_oracle_refs", "[]: no oracle is used."),
+        ("caller_context", "As received; {} when absent."),
+        ("issued_at", "RFC 3339 UTC time."),
+        ("issued_by", "--issuer."),
+        ("kid", "Key id in the operator's key ring."),
+        (
+            "signature",
+            "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256 under the kid's key of the canonical JSON of "
+            "the receipt without signature.",
+        ),
+    ]
+)
+
+
 class KeyRing(object):  # HMAC keys by kid: the last key signs new receipts, every key verifies
     def __init__(self, pairs, ephemeral=False):
-        if not pairs: raise ValueError("the key ring has no keys")
+        if not pairs:
+            raise ValueError("the key ring has no keys")
         self.keys, self.kid, self.ephemeral = collections.OrderedDict(pairs), pairs[-1][0], ephemeral
+
     @classmethod
     def parse(cls, text, allow_empty=False):
         """Parse 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError."""
         pairs = []
         for n, line in enumerate(text.splitlines(), 1):
             parts = line.split("#", 1)[0].split()
-            try: key = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)) if len(parts) == 2 else b""
-            except (ValueError, TypeError): key = b""
+            try:
+                key = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)) if len(parts) == 2 else b""
+            except (ValueError, TypeError):
+                key = b""
             kid_ok = parts and parts[0].isascii() and parts[0].translate({ord(c): "a" for c in "-_."}).isalnum()
             if parts and (len(key) < 32 or not kid_ok or len(parts[0]) > 64 or parts[0] in dict(pairs)):
                 raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % n)
             pairs += [(parts[0], key)] if parts else []
         return cls(pairs) if pairs or not allow_empty else None
+
     @classmethod
     def generate(cls):  # a one-process key ring: its receipts cannot be verified after a restart
         return cls([("ephemeral-" + secrets.token_hex(4), secrets.token_bytes(32))], ephemeral=True)
+
     def mac(self, kid, body):  # the signature field of a receipt body (without signature) under key kid
         data = _jcs(body).encode("utf-8")  # small, and its confidence is a float: the exact path directly
         return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], data, hashlib.sha256).digest())
+
+
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now):
     """A signed receipt for one judged request (request: the object as received, already validated)."""
     ev = canonical_json(request["evidence"])  # the request's keys are ASCII field names: sorted() is JCS order
-    whole = b"{%s}" % b",".join(b'"%s":%s' % (k.encode(), ev if k == "evidence" else canonical_json(request[k]))
-                                for k in sorted(request))
-    body = {"schema": SCHEMA, "claim_hash": _sha(request["claim"].encode("utf-8")), "evidence_manifest_hash": _sha(ev),
-            "request_hash": _sha(whole), "verifier_id": "verify_action.py@" + VERSION, "verifier_method":
-            "rule_based." + kind, "verdict": verdict, "confidence": confidence, "reason_codes": list(codes),
-            "policy_or_oracle_refs": [], "caller_context": request.get("caller_context", {}),
-            "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "issued_by": issuer, "kid": keyring.kid}
+    whole = b"{%s}" % b",".join(
+        b'"%s":%s' % (k.encode(), ev if k == "evidence" else canonical_json(request[k])) for k in sorted(request)
+    )
+    body = {
+        "schema": SCHEMA,
+        "claim_hash": _sha(request["claim"].encode("utf-8")),
+        "evidence_manifest_hash": _sha(ev),
+        "request_hash": _sha(whole),
+        "verifier_id": "verify_action.py@" + VERSION,
+        "verifier_method": "rule_based." + kind,
+        "verdict": verdict,
+        "confidence": confidence,
+        "reason_codes": list(codes),
+        "policy_or_oracle_refs": [],
+        "caller_context": request.get("caller_context", {}),
+        "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "issued_by": issuer,
+        "kid": keyring.kid,
+    }
     return dict(body, signature=keyring.mac(keyring.kid, body))
+
+
 def verify_receipt(receipt, keyring):  # (valid, ok|malformed|unsupported_schema|unknown_kid|bad_signature, kid)
-    if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS): return False, "malformed", None
+    if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS):
+        return False, "malformed", None
     kid, sig = receipt["kid"], receipt["signature"]
     if not isinstance(kid, str) or not isinstance(sig, str) or not sig.startswith("hmac-sha256:"):
         return False, "malformed", None
     if receipt["schema"] != SCHEMA or kid not in keyring.keys:
         return False, "unsupported_schema" if receipt["schema"] != SCHEMA else "unknown_kid", kid
-    try: expected = keyring.mac(kid, {k: v for k, v in receipt.items() if k != "signature"})
-    except (TypeError, ValueError): return False, "malformed", kid
+    try:
+        expected = keyring.mac(kid, {k: v for k, v in receipt.items() if k != "signature"})
+    except (TypeError, ValueError):
+        return False, "malformed", kid
     ok = hmac.compare_digest(expected.encode("utf-8"), sig.encode("utf-8", "replace"))
     return ok, "ok" if ok else "bad_signature", kid
+
+
 # ---- §5 Key-ring and token files (I/O) ---------------------------------------------------------------------------
 def read_private_file(path, limit=65536, fd=None):
     """Text of a regular file group and others cannot access (else ValueError); reads fd if given."""
     own = fd is None
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if own else fd
-    try: mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
-    finally: own and os.close(fd)
+    try:
+        mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
+    finally:
+        own and os.close(fd)
     if not stat.S_ISREG(mode) or mode & 0o077 or len(data) > limit:
-        raise ValueError("refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
-                         "others (mode %03o; run chmod 600 on it)" % (path, limit, mode & 0o777))
+        raise ValueError(
+            "refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
+            "others (mode %03o; run chmod 600 on it)" % (path, limit, mode & 0o777)
+        )
     return data.decode("utf-8")
+
+
 load_keyring = lambda path: KeyRing.parse(read_private_file(path))  # refusing a file group or others can read
+
+
 def keygen(path):
     """Create the key ring (O_CREAT|O_EXCL, 0600) or append through one checked O_NOFOLLOW descriptor; the kid."""
     kid = "k" + time.strftime("%Y%m%d", time.gmtime()) + "-" + secrets.token_hex(3)
     line, flags = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32))), getattr(os, "O_CLOEXEC", 0)
-    try: fd, old = os.open(path, flags | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
-    except FileExistsError: fd, old = os.open(path, flags | os.O_RDWR | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)), ""
+    try:
+        fd, old = os.open(path, flags | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
+    except FileExistsError:
+        fd, old = os.open(path, flags | os.O_RDWR | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)), ""
     try:
         old = old if old is None else read_private_file(path, fd=fd)
-        if old: KeyRing.parse(old, allow_empty=True)  # never append to a file that does not load
+        if old:
+            KeyRing.parse(old, allow_empty=True)  # never append to a file that does not load
         head = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
         os.write(fd, ((head if old is None else "" if old.endswith("\n") or not old else "\n") + line).encode("ascii"))
-    finally: os.close(fd)
+    finally:
+        os.close(fd)
     return kid
+
+
 # ---- §6 Request validation and strict JSON -----------------------------------------------------------------------
 class RequestError(ValueError):  # a refusal: code (snake_case or JSON-RPC number), message (never input), status
     def __init__(self, code, message, status=400, headers=()):
         ValueError.__init__(self, message)
         self.code, self.message, self.status, self.headers = code, message, status, list(headers)
+
+
 _DIGIT_MASK = bytes(48 if 48 <= b < 58 else 32 for b in range(256))  # digits -> '0', other bytes -> ' '
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: the two parts never overlap
 _DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # opening +1, closing -1 as signed bytes
 _NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
-MAX_INT = 2 ** 53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
+MAX_INT = 2**53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
+
+
 def need(ok, code, message):
-    if not ok: raise RequestError(code, message)
-def _bad_json(message): raise RequestError("invalid_json", message)
+    if not ok:
+        raise RequestError(code, message)
+
+
+def _bad_json(message):
+    raise RequestError("invalid_json", message)
+
+
 def _exact_int(s):
     v = int(s) if len(s) <= 17 else MAX_INT + 1
     return v if -MAX_INT <= v <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+
+
 def strict_loads(raw, exact_ints=True):
     """Strict UTF-8 JSON: no NaN, duplicate keys, lone surrogates, depth > 32, integers beyond +-(2^53-1)."""
     try:
@@ -693,26 +1097,44 @@ def strict_loads(raw, exact_ints=True):
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
         collecting = gc.isenabled()  # 1 MiB can hold 500k containers, none in a cycle: collecting then is waste
         gc.disable()
-        try: value = json.loads(text, parse_int=_exact_int if long_ints else None,
-                                parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"))
-        finally: collecting and gc.enable()
+        try:
+            value = json.loads(
+                text,
+                parse_int=_exact_int if long_ints else None,
+                parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
+            )
+        finally:
+            collecting and gc.enable()
         again = json.dumps(value, ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"))
         again.encode("utf-8")  # a lone surrogate cannot be encoded
-    except RequestError: raise
-    except UnicodeError: _bad_json("not UTF-8, or a string holds a lone surrogate")
-    except RecursionError: _bad_json("nesting deeper than %d" % MAX_DEPTH)
+    except RequestError:
+        raise
+    except UnicodeError:
+        _bad_json("not UTF-8, or a string holds a lone surrogate")
+    except RecursionError:
+        _bad_json("nesting deeper than %d" % MAX_DEPTH)
     except ValueError as e:
-        _bad_json("%s (at character %s)" % ("a number does not fit a double" if "Out of range" in str(e)
-                                             else getattr(e, "msg", "invalid JSON"), getattr(e, "pos", "?")))
+        _bad_json(
+            "%s (at character %s)"
+            % (
+                "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON"),
+                getattr(e, "pos", "?"),
+            )
+        )
     # a duplicate key leaves fewer ':' outside strings; without \u escapes (\u003a) strings hold as many in both
-    if (text.count(":") != again.count(":")) if "\\u" not in text else (
-            _JSON_STRING.sub("", text).count(":") != _JSON_STRING.sub("", again).count(":")):
+    if (
+        (text.count(":") != again.count(":"))
+        if "\\u" not in text
+        else (_JSON_STRING.sub("", text).count(":") != _JSON_STRING.sub("", again).count(":"))
+    ):
         _bad_json("duplicate object key")
     if text.count("[") + text.count("{") > MAX_DEPTH:  # one linear pass: the running depth, counted in C
         steps = _JSON_STRING.sub("", text).encode("utf-8").translate(_DEPTH_STEP, _NOT_BRACKETS)
         if max(itertools.accumulate(memoryview(steps).cast("b"))) > MAX_DEPTH:
             _bad_json("nesting deeper than %d" % MAX_DEPTH)
     return value
+
+
 def validate_request(obj):  # a /verify body or MCP arguments, checked; RequestError, never truncation
     need(isinstance(obj, dict), "invalid_request", "the request must be a JSON object")
     need(not set(obj) - set(REQUEST_FIELDS), "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
@@ -723,73 +1145,174 @@ def validate_request(obj):  # a /verify body or MCP arguments, checked; RequestE
     need(kind is None or (isinstance(kind, str) and kind.lower() in KINDS), "unknown_kind", "kind: " + ", ".join(KINDS))
     need(ctx is None or isinstance(ctx, str), "invalid_context", "context must be a string")
     need(ctx is None or len(ctx) <= MAX_CONTEXT, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
-    need(cc is None or (isinstance(cc, dict) and len(cc) <= MAX_CALLER_KEYS and all(
-        0 < len(k) <= MAX_CALLER_STR and (v is None or isinstance(v, (bool, int, float)) or (
-            isinstance(v, str) and len(v) <= MAX_CALLER_STR)) for k, v in cc.items())), "invalid_caller_context",
-         "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null")
+    need(
+        cc is None
+        or (
+            isinstance(cc, dict)
+            and len(cc) <= MAX_CALLER_KEYS
+            and all(
+                0 < len(k) <= MAX_CALLER_STR
+                and (
+                    v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= MAX_CALLER_STR)
+                )
+                for k, v in cc.items()
+            )
+        ),
+        "invalid_caller_context",
+        "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null",
+    )
     return obj
+
+
 # ---- §7 The service: /verify, receipts and MCP handlers, shared by HTTP and stdio --------------------------------
-_EVIDENCE_DOC = ("code_diff {diff}; db_op {before_count, after_count, operation, affected_rows}; file_op {path, "
-                 "exists_before, exists_after, line_count?, size_bytes?, new_path?}; api_call {request, "
-                 "response_status, response_body}; generic: any object.")
+_EVIDENCE_DOC = (
+    "code_diff {diff}; db_op {before_count, after_count, operation, affected_rows}; file_op {path, "
+    "exists_before, exists_after, line_count?, size_bytes?, new_path?}; api_call {request, "
+    "response_status, response_body}; generic: any object."
+)
 _S, _O, _TITLE = {"type": "string"}, {"type": "object"}, "Verify an agent's claimed action"
-_RESPONSE_FIELDS = ("aar_verdict", "verdict", "confidence", "reason_codes", "reasoning", "kind_dispatched",
-                    "verifier_used", "details", "receipt")
-TOOL = {"name": "verify_action", "title": _TITLE, "annotations": {"title": _TITLE, "readOnlyHint": True,
-        "idempotentHint": False, "openWorldHint": False}, "description": "Check whether a claim about an action (code "
-        "change, database operation, file operation, API call, or anything else) is consistent with the evidence "
-        "supplied, using deterministic rules; returns a verdict, reason codes and a signed receipt. It fetches "
-        "nothing, so a receipt never proves the claim true.", "inputSchema": {"type": "object", "required": ["claim",
-        "evidence"], "additionalProperties": False, "properties": {"claim": dict(_S, minLength=1, maxLength=MAX_CLAIM),
-        "evidence": dict(_O, description=_EVIDENCE_DOC), "kind": dict(_S, enum=list(KINDS)), "context": dict(
-            _S, maxLength=MAX_CONTEXT), "caller_context": dict(_O, description="At most 8 scalar values; keys and "
-                                                                              "strings <= 64 characters.")}},
-        "outputSchema": dict(_O, required=list(_RESPONSE_FIELDS), properties=dict(zip(_RESPONSE_FIELDS, (
-            dict(_S, enum=list(VERDICTS)), dict(_S, enum=list(LEGACY.values())), {"type": "number", "minimum": 0,
-            "maximum": 1}, {"type": "array", "items": _S}, _S, dict(_S, enum=list(KINDS)), _S, _O, _O))))}
+_RESPONSE_FIELDS = (
+    "aar_verdict",
+    "verdict",
+    "confidence",
+    "reason_codes",
+    "reasoning",
+    "kind_dispatched",
+    "verifier_used",
+    "details",
+    "receipt",
+)
+TOOL = {
+    "name": "verify_action",
+    "title": _TITLE,
+    "annotations": {"title": _TITLE, "readOnlyHint": True, "idempotentHint": False, "openWorldHint": False},
+    "description": "Check whether a claim about an action (code "
+    "change, database operation, file operation, API call, or anything else) is consistent with the evidence "
+    "supplied, using deterministic rules; returns a verdict, reason codes and a signed receipt. It fetches "
+    "nothing, so a receipt never proves the claim true.",
+    "inputSchema": {
+        "type": "object",
+        "required": ["claim", "evidence"],
+        "additionalProperties": False,
+        "properties": {
+            "claim": dict(_S, minLength=1, maxLength=MAX_CLAIM),
+            "evidence": dict(_O, description=_EVIDENCE_DOC),
+            "kind": dict(_S, enum=list(KINDS)),
+            "context": dict(_S, maxLength=MAX_CONTEXT),
+            "caller_context": dict(_O, description="At most 8 scalar values; keys and " "strings <= 64 characters."),
+        },
+    },
+    "outputSchema": dict(
+        _O,
+        required=list(_RESPONSE_FIELDS),
+        properties=dict(
+            zip(
+                _RESPONSE_FIELDS,
+                (
+                    dict(_S, enum=list(VERDICTS)),
+                    dict(_S, enum=list(LEGACY.values())),
+                    {"type": "number", "minimum": 0, "maximum": 1},
+                    {"type": "array", "items": _S},
+                    _S,
+                    dict(_S, enum=list(KINDS)),
+                    _S,
+                    _O,
+                    _O,
+                ),
+            )
+        ),
+    ),
+}
+
+
 def rules_document():  # GET /rules: decision, dispatch order, rules, bounds, every reason code
-    return {"decision": DECISION, "confidence": CONFIDENCE, "bounds": BOUNDS, "dispatch_order": DISPATCH,
-            "evidence": {k: {"fields": sorted(f), "needs_one_of": g} for k, (f, g) in EVIDENCE.items()},
-            "verbs": dict(VERB_CLASSES, api_call={"success": sorted(_OK_WORDS), "failure": sorted(_FAIL_WORDS)}),
-            "reason_codes": {c: dict(kind=k, signal=_SIGNAL_NAMES[s], meaning=m) for c, (k, s, m) in REASONS.items()}}
+    return {
+        "decision": DECISION,
+        "confidence": CONFIDENCE,
+        "bounds": BOUNDS,
+        "dispatch_order": DISPATCH,
+        "evidence": {k: {"fields": sorted(f), "needs_one_of": g} for k, (f, g) in EVIDENCE.items()},
+        "verbs": dict(VERB_CLASSES, api_call={"success": sorted(_OK_WORDS), "failure": sorted(_FAIL_WORDS)}),
+        "reason_codes": {c: dict(kind=k, signal=_SIGNAL_NAMES[s], meaning=m) for c, (k, s, m) in REASONS.items()},
+    }
+
+
 def spec_document():  # GET /spec: tool schema, kinds, verdicts, receipt fields, canonical form
-    return {"name": "verify_action.py", "version": VERSION, "proves": PROVES, "does_not_prove": NOT_PROVES,
-            "tool": TOOL, "kinds": KINDS, "evidence": _EVIDENCE_DOC, "verdicts": {"aar_verdict": VERDICTS,
-                                                                                "legacy_verdict": LEGACY},
-            "receipt": {"schema": SCHEMA, "fields": RECEIPT_FIELDS, "verify": "POST /receipts/verify {\"receipt\": {}}"
-                        " or verify_action.py verify-receipt FILE --key-file F", "canonicalization": "RFC 8785 (JCS): "
-                        "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal escapes, UTF-8. "
-                        "Numbers are doubles, so a request with an integer beyond +-(2^53 - 1) is refused (400, "
-                        "I-JSON, RFC 7493): two such integers could otherwise hash alike."},
-            "limits": {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH,
-                       "integer_magnitude_max": MAX_INT},
-            "endpoints": ["%s %s" % (m, p) for p, m in ROUTES.items()],
-            "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]}}
+    return {
+        "name": "verify_action.py",
+        "version": VERSION,
+        "proves": PROVES,
+        "does_not_prove": NOT_PROVES,
+        "tool": TOOL,
+        "kinds": KINDS,
+        "evidence": _EVIDENCE_DOC,
+        "verdicts": {"aar_verdict": VERDICTS, "legacy_verdict": LEGACY},
+        "receipt": {
+            "schema": SCHEMA,
+            "fields": RECEIPT_FIELDS,
+            "verify": "POST /receipts/verify {\"receipt\": {}}" " or verify_action.py verify-receipt FILE --key-file F",
+            "canonicalization": "RFC 8785 (JCS): "
+            "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal escapes, UTF-8. "
+            "Numbers are doubles, so a request with an integer beyond +-(2^53 - 1) is refused (400, "
+            "I-JSON, RFC 7493): two such integers could otherwise hash alike.",
+        },
+        "limits": {
+            "claim_chars": MAX_CLAIM,
+            "context_chars": MAX_CONTEXT,
+            "json_depth": MAX_DEPTH,
+            "integer_magnitude_max": MAX_INT,
+        },
+        "endpoints": ["%s %s" % (m, p) for p, m in ROUTES.items()],
+        "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]},
+    }
+
+
 _rpc_error = lambda msg_id, code, message: {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
 _text = lambda text: {"type": "text", "text": text}
 _json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 class Service(object):  # what HTTP and stdio share: the key ring, the issuer, counters and every handler
     def __init__(self, keyring, issuer="verify_action.py", clock=time.time):
         self.keyring, self.issuer, self.clock, self.started = keyring, issuer, clock, clock()
         self._lock = threading.Lock()
-        self.counts = {"verifications": 0, "by_kind": dict.fromkeys(KINDS, 0), "by_verdict": dict.fromkeys(VERDICTS, 0),
-                       "receipt_checks": 0, "mcp_messages": 0, "errors_by_status": {}}
+        self.counts = {
+            "verifications": 0,
+            "by_kind": dict.fromkeys(KINDS, 0),
+            "by_verdict": dict.fromkeys(VERDICTS, 0),
+            "receipt_checks": 0,
+            "mcp_messages": 0,
+            "errors_by_status": {},
+        }
+
     def count(self, key, sub=None):  # one more in a GET /stats counter (never request content)
         with self._lock:
             table, name = (self.counts, key) if sub is None else (self.counts[key], sub)
             table[name] = table.get(name, 0) + 1
+
     def stats(self):
         with self._lock:
             return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3))
+
     def verify(self, request):  # judge a validated request and sign: the /verify response
         kind = dispatch_kind(request["evidence"], request.get("kind"))
         codes, details, verdict, confidence = judge(kind, request["claim"], request["evidence"])
         unique = list(dict.fromkeys(codes))
         receipt = issue_receipt(request, kind, verdict, confidence, unique, self.keyring, self.issuer, self.clock())
-        for key, sub in (("verifications", None), ("by_kind", kind), ("by_verdict", verdict)): self.count(key, sub)
-        return {"aar_verdict": verdict, "verdict": LEGACY[verdict], "confidence": confidence, "reason_codes": unique,
-                "reasoning": "%s (%s): %s" % (verdict, kind, " ".join(REASONS[c][2] for c in unique)),
-                "kind_dispatched": kind, "verifier_used": kind + "_v1", "details": details, "receipt": receipt}
+        for key, sub in (("verifications", None), ("by_kind", kind), ("by_verdict", verdict)):
+            self.count(key, sub)
+        return {
+            "aar_verdict": verdict,
+            "verdict": LEGACY[verdict],
+            "confidence": confidence,
+            "reason_codes": unique,
+            "reasoning": "%s (%s): %s" % (verdict, kind, " ".join(REASONS[c][2] for c in unique)),
+            "kind_dispatched": kind,
+            "verifier_used": kind + "_v1",
+            "details": details,
+            "receipt": receipt,
+        }
+
     def post(self, path, raw, headers):  # (status, JSON object, or None for an empty 202) for a POST body
         if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
             return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
@@ -798,7 +1321,8 @@ class Service(object):  # what HTTP and stdio share: the key ring, the issuer, c
             if path == "/mcp":  # mcp() answers every message itself
                 reply = self.mcp(obj, None)
                 return (202, None) if reply is None else (200, reply)
-            if path == "/verify": return 200, self.verify(validate_request(obj))
+            if path == "/verify":
+                return 200, self.verify(validate_request(obj))
             if not isinstance(obj, dict) or set(obj) != {"receipt"} or not isinstance(obj["receipt"], dict):
                 raise RequestError("invalid_request", "the body must be {\"receipt\": {...}}")
         except RequestError as e:  # over MCP a parse error is a JSON-RPC error, not an HTTP 400
@@ -806,45 +1330,63 @@ class Service(object):  # what HTTP and stdio share: the key ring, the issuer, c
             return (200, error) if path == "/mcp" else (400, {"error": e.code, "message": e.message})
         self.count("receipt_checks")
         return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
+
     def mcp(self, msg, session):  # a JSON-RPC reply or None; session None over HTTP, a dict for stdio
         if isinstance(msg, list):
             if session is None or session.get("version") != "2025-03-26" or not msg:
                 return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
             return [r for r in (self.mcp(m, session) for m in msg) if r is not None] or None
         self.count("mcp_messages")
-        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0": return _rpc_error(None, -32600, "Invalid Request")
+        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+            return _rpc_error(None, -32600, "Invalid Request")
         msg_id, has_id = msg.get("id"), "id" in msg
-        if "method" not in msg: return None  # a response from the client: a tools-only server sends no requests
+        if "method" not in msg:
+            return None  # a response from the client: a tools-only server sends no requests
         if has_id and (isinstance(msg_id, bool) or not isinstance(msg_id, (str, int))):
             return _rpc_error(None, -32600, "Invalid Request: id must be a string or an integer")
-        if not isinstance(msg["method"], str): return _rpc_error(msg_id, -32600, "Invalid Request: method")
-        if not has_id: return None  # notifications are never answered
-        try: return dict(jsonrpc="2.0", id=msg_id, result=self._method(msg["method"], msg.get("params", {}), session))
-        except RequestError as e: return _rpc_error(msg_id, e.code, e.message)
-        except Exception: return _rpc_error(msg_id, -32603, "Internal error")
+        if not isinstance(msg["method"], str):
+            return _rpc_error(msg_id, -32600, "Invalid Request: method")
+        if not has_id:
+            return None  # notifications are never answered
+        try:
+            return dict(jsonrpc="2.0", id=msg_id, result=self._method(msg["method"], msg.get("params", {}), session))
+        except RequestError as e:
+            return _rpc_error(msg_id, e.code, e.message)
+        except Exception:
+            return _rpc_error(msg_id, -32603, "Internal error")
+
     def _method(self, method, params, session):
         need(isinstance(params, dict), -32602, "Invalid params: params must be an object")
-        if method == "ping": return {}
+        if method == "ping":
+            return {}
         if method == "initialize":
             asked = params.get("protocolVersion")
             need(isinstance(asked, str), -32602, "Invalid params: protocolVersion must be a string")
             need(session is None or not session.get("version"), -32600, "Invalid Request: already initialized")
             version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]  # else our newest
-            if session is not None: session["version"] = version
-            return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
-                    "serverInfo": {"name": "verify_action", "title": "verify_action.py", "version": VERSION},
-                    "instructions": "Call verify_action with a claim and its evidence before acting on the claim. "
-                                    "A receipt proves what was judged, never that the claim is true."}
+            if session is not None:
+                session["version"] = version
+            return {
+                "protocolVersion": version,
+                "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": "verify_action", "title": "verify_action.py", "version": VERSION},
+                "instructions": "Call verify_action with a claim and its evidence before acting on the claim. "
+                "A receipt proves what was judged, never that the claim is true.",
+            }
         need(method in ("tools/list", "tools/call"), -32601, "Method not found")
         need(session is None or session.get("version"), -32600, "Invalid Request: not initialized")
-        if method == "tools/list": return {"tools": [TOOL]}
+        if method == "tools/list":
+            return {"tools": [TOOL]}
         name, args = params.get("name"), params.get("arguments", {})
         need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
         need(name == TOOL["name"], -32602, "Unknown tool")
-        try: result = self.verify(validate_request(args))
+        try:
+            result = self.verify(validate_request(args))
         except RequestError as e:  # a tool execution error, so the model can correct its arguments
             return {"content": [_text("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
         return {"content": [_text(_json_text(result))], "structuredContent": result, "isError": False}
+
+
 def serve_stdio(service, inp, out, max_line=4 << 20):  # MCP over stdio: newline-delimited JSON-RPC until EOF
     session = {}
     for line in iter(lambda: inp.readline(max_line + 1), b""):
@@ -854,15 +1396,27 @@ def serve_stdio(service, inp, out, max_line=4 << 20):  # MCP over stdio: newline
                     line = inp.readline(max_line)
                 _bad_json("message too large")
             reply = service.mcp(strict_loads(line.strip()), session) if line.strip() else None
-        except RequestError as e: reply = _rpc_error(None, -32700, "Parse error: " + e.message)
+        except RequestError as e:
+            reply = _rpc_error(None, -32700, "Parse error: " + e.message)
         try:
             if reply is not None:
                 out.write(_json_text(reply).encode("utf-8") + b"\n")
                 out.flush()
-        except (BrokenPipeError, ValueError): return  # the client has gone
+        except (BrokenPipeError, ValueError):
+            return  # the client has gone
+
+
 # ---- §8 HTTP server: a selector for idle connections, a fixed worker pool, deadlines, routes, the page -----------
-ROUTES = {"/": "GET", "/healthcheck": "GET", "/spec": "GET", "/rules": "GET", "/stats": "GET",
-          "/verify": "POST", "/receipts/verify": "POST", "/mcp": "POST"}
+ROUTES = {
+    "/": "GET",
+    "/healthcheck": "GET",
+    "/spec": "GET",
+    "/rules": "GET",
+    "/stats": "GET",
+    "/verify": "POST",
+    "/receipts/verify": "POST",
+    "/mcp": "POST",
+}
 _ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}
 _SINGLE = {"content-length", "transfer-encoding", "authorization", "origin", "content-type"}  # never repeated
 _PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
@@ -872,54 +1426,108 @@ var o=g("out"),b,h={"Content-Type":"application/json"};try{b={claim:g("claim").v
 .value)}}catch(x){o.textContent="evidence is not JSON";return}if(g("kind").value)b.kind=g("kind").value;if(g("tok")
 .value)h.Authorization="Bearer "+g("tok").value;var r=await fetch("/verify",{method:"POST",headers:h,body:JSON.
 stringify(b)});o.textContent="HTTP "+r.status+"\\n"+JSON.stringify(await r.json(),null,2)};"""
-_STYLE = ("body{font:15px/1.5 sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem}textarea,input,select{width:"
-          "100%;font:13px monospace}td,th{border:1px solid #ccc;padding:.2rem .4rem;text-align:left}")
-_EXAMPLE_DIFF = ("diff --git a/src/user.py b/src/user.py\n--- a/src/user.py\n+++ b/src/user.py\n@@ -10,2 +10,4 @@\n"
-                 " def save(user):\n+    if user.email is None:\n+        raise ValueError(\"no email\")\n"
-                 "     db.write(user)\n")
-CSP = "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; base-uri 'none'; " \
-      "frame-ancestors 'none'" % tuple("'sha256-%s'" % base64.b64encode(hashlib.sha256(t.encode()).digest()).decode()
-                                       for t in (_SCRIPT, _STYLE))
+_STYLE = (
+    "body{font:15px/1.5 sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem}textarea,input,select{width:"
+    "100%;font:13px monospace}td,th{border:1px solid #ccc;padding:.2rem .4rem;text-align:left}"
+)
+_EXAMPLE_DIFF = (
+    "diff --git a/src/user.py b/src/user.py\n--- a/src/user.py\n+++ b/src/user.py\n@@ -10,2 +10,4 @@\n"
+    " def save(user):\n+    if user.email is None:\n+        raise ValueError(\"no email\")\n"
+    "     db.write(user)\n"
+)
+CSP = (
+    "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+    % tuple("'sha256-%s'" % base64.b64encode(hashlib.sha256(t.encode()).digest()).decode() for t in (_SCRIPT, _STYLE))
+)
+
+
 def render_page():  # GET /: what a receipt proves and does not, the rules table, a form
     e = html.escape
-    rows = "".join("<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (
-        c, k, _SIGNAL_NAMES[s], e(m)) for c, (k, s, m) in sorted(REASONS.items(), key=lambda i: (i[1][0], i[0])))
-    return ("<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content='width=device-width'>"
-            "<title>verify_action.py</title><style>%s</style></head><body><h1>verify_action.py %s</h1><p>Checks"
-            " whether an AI agent's <b>claim</b> about an action is consistent with the <b>evidence</b> it supplies,"
-            " with deterministic rules (no model), and signs a <b>receipt</b> of what it judged.</p><h2>What a"
-            " receipt proves</h2><p>%s</p><h2>What it does not prove</h2><p>%s</p><h2>Try it</h2><form id=f><p>"
-            "<label>kind <select id=kind><option value=''>(from the evidence shape)</option>%s</select></label></p>"
-            "<p><label>claim<textarea id=claim rows=2>Added a check that `user.email` is set in"
-            " src/user.py</textarea></label></p><p><label>evidence (a JSON object)<textarea id=evidence rows=8>"
-            "%s</textarea></label></p><p><label>bearer token (only if the service requires one)<input id=tok"
-            " type=password autocomplete=off></label></p><p><button>Verify</button></p></form><pre id=out></pre><h2>"
-            "Verdicts</h2><p>%s %s</p><h2>Rules: the reason codes</h2><table><tr><th>code<th>kind<th>signal<th>"
-            "meaning</tr>%s</table><p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>"
-            "<script>%s</script></body></html>") % (
-        _STYLE, VERSION, e(PROVES), e(NOT_PROVES), "".join("<option>%s</option>" % k for k in KINDS),
-        e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)), e(DECISION), e(CONFIDENCE), rows, _SCRIPT)
+    rows = "".join(
+        "<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (c, k, _SIGNAL_NAMES[s], e(m))
+        for c, (k, s, m) in sorted(REASONS.items(), key=lambda i: (i[1][0], i[0]))
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content='width=device-width'>"
+        "<title>verify_action.py</title><style>%s</style></head><body><h1>verify_action.py %s</h1><p>Checks"
+        " whether an AI agent's <b>claim</b> about an action is consistent with the <b>evidence</b> it supplies,"
+        " with deterministic rules (no model), and signs a <b>receipt</b> of what it judged.</p><h2>What a"
+        " receipt proves</h2><p>%s</p><h2>What it does not prove</h2><p>%s</p><h2>Try it</h2><form id=f><p>"
+        "<label>kind <select id=kind><option value=''>(from the evidence shape)</option>%s</select></label></p>"
+        "<p><label>claim<textarea id=claim rows=2>Added a check that `user.email` is set in"
+        " src/user.py</textarea></label></p><p><label>evidence (a JSON object)<textarea id=evidence rows=8>"
+        "%s</textarea></label></p><p><label>bearer token (only if the service requires one)<input id=tok"
+        " type=password autocomplete=off></label></p><p><button>Verify</button></p></form><pre id=out></pre><h2>"
+        "Verdicts</h2><p>%s %s</p><h2>Rules: the reason codes</h2><table><tr><th>code<th>kind<th>signal<th>"
+        "meaning</tr>%s</table><p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>"
+        "<script>%s</script></body></html>"
+    ) % (
+        _STYLE,
+        VERSION,
+        e(PROVES),
+        e(NOT_PROVES),
+        "".join("<option>%s</option>" % k for k in KINDS),
+        e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)),
+        e(DECISION),
+        e(CONFIDENCE),
+        rows,
+        _SCRIPT,
+    )
+
+
 class _Conn(object):  # a client connection: the selector thread's, except while a worker answers its request
     head, watched, done = None, False, False  # a POST head whose body is arriving; selector watching; closing
-    def __init__(self, sock, now): self.sock, self.buf, self.since = sock, bytearray(), now  # since: phase start
+
+    def __init__(self, sock, now):
+        self.sock, self.buf, self.since = sock, bytearray(), now  # since: phase start
+
+
 def _is_loopback(host):
-    try: return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError: return False
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _norm_origin(value):  # an origin in lower case without its scheme's default port (https://x:443 is https://x)
     v = value.lower() if value else value
-    return v[:-4] if v and v.startswith("https:") and v.endswith(":443") else v[:-3] if v and v.startswith(
-        "http:") and v.endswith(":80") else v
+    return (
+        v[:-4]
+        if v and v.startswith("https:") and v.endswith(":443")
+        else v[:-3] if v and v.startswith("http:") and v.endswith(":80") else v
+    )
+
+
 class Server(object):
     """HTTP/1.1 keep-alive without a thread per client. The selector thread accepts, reads heads and bodies without
     blocking, refuses what a head shows, 408 after read_deadline, 503 after queue_wait, closes idle connections after
     idle_timeout; a fixed pool of workers gets only whole requests, so a slow client never holds a worker."""
-    def __init__(self, service, host="127.0.0.1", port=8092, workers=16, max_body=MAX_BODY, token=None,
-                 origins=(), read_deadline=10.0, idle_timeout=15.0, queue_wait=5.0, max_conns=1000):
+
+    def __init__(
+        self,
+        service,
+        host="127.0.0.1",
+        port=8092,
+        workers=16,
+        max_body=MAX_BODY,
+        token=None,
+        origins=(),
+        read_deadline=10.0,
+        idle_timeout=15.0,
+        queue_wait=5.0,
+        max_conns=1000,
+    ):
         self.service, self.workers, self.max_body, self.token = service, workers, max_body, token
-        self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = read_deadline, idle_timeout, \
-            queue_wait, max_conns
-        self.sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                         backlog=512)
+        self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = (
+            read_deadline,
+            idle_timeout,
+            queue_wait,
+            max_conns,
+        )
+        self.sock = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=512
+        )
         self.sock.setblocking(False)
         self.port, loopback = self.sock.getsockname()[1], _is_loopback(host)
         names = ["127.0.0.1", "localhost", "[::1]"] * (loopback or host in ("0.0.0.0", "::"))  # the form on /
@@ -929,79 +1537,116 @@ class Server(object):
         self._sel, (self._wake_r, self._wake_w) = selectors.DefaultSelector(), socket.socketpair()
         self._ready, self._returned, self._cv = collections.deque(), collections.deque(), threading.Condition()
         self._open, self._stop = 0, False
-        self._docs = {"/": render_page().encode("utf-8"), "/spec": _json_text(spec_document()).encode("utf-8"),
-                      "/rules": _json_text(rules_document()).encode("utf-8")}
+        self._docs = {
+            "/": render_page().encode("utf-8"),
+            "/spec": _json_text(spec_document()).encode("utf-8"),
+            "/rules": _json_text(rules_document()).encode("utf-8"),
+        }
+
     def serve_forever(self):  # until shutdown(): this thread becomes the selector thread
-        for i in range(self.workers): threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
+        for i in range(self.workers):
+            threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
         self._wake_r.setblocking(False)
         self._sel.register(self.sock, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         swept = time.monotonic()
         while not self._stop:
             for key, _ in self._sel.select(0.25):
-                if key.data == "accept": self._accept()
+                if key.data == "accept":
+                    self._accept()
                 elif key.data == "wake":  # workers hand back the connections whose requests they answered
                     self._wake_r.recv(65536)
-                    while self._returned: self._advance(self._returned.popleft(), resumed=True)
-                else: self._receive(key.data)
+                    while self._returned:
+                        self._advance(self._returned.popleft(), resumed=True)
+                else:
+                    self._receive(key.data)
             if time.monotonic() - swept >= 0.25:
                 swept = time.monotonic()
                 self._sweep(swept)
         conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]
-        for s in (self._sel, self.sock, self._wake_r, self._wake_w): s.close()  # a worker still busy closes its own
+        for s in (self._sel, self.sock, self._wake_r, self._wake_w):
+            s.close()  # a worker still busy closes its own
         with self._cv:
             conns += [r[0] for r in self._ready]
             self._ready.extend((None, None, 0) for _ in range(self.workers))
             self._cv.notify_all()
-        for conn in conns + list(self._returned): conn.sock.close()
+        for conn in conns + list(self._returned):
+            conn.sock.close()
+
     def shutdown(self):  # stop serve_forever (from another thread); the selector closes the wake socket after _stop
         self._wake_w.send(b"x")
         self._stop = True
+
     def _accept(self):
         while True:
-            try: sock = self.sock.accept()[0]
-            except BlockingIOError: return
-            except OSError: return self._sel.unregister(self.sock)  # no descriptor left (EMFILE): pause, do not spin
+            try:
+                sock = self.sock.accept()[0]
+            except BlockingIOError:
+                return
+            except OSError:
+                return self._sel.unregister(self.sock)  # no descriptor left (EMFILE): pause, do not spin
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn, self._open = _Conn(sock, time.monotonic()), self._open + 1
-            if self._open > self.max_conns: self._refuse(conn, "service_unavailable", "too many connections", 503)
+            if self._open > self.max_conns:
+                self._refuse(conn, "service_unavailable", "too many connections", 503)
             self._advance(conn)
+
     def _sweep(self, now):  # deadlines: 408, 503, idle and lingering ends; accepting resumes
-        if self.sock not in self._sel.get_map(): self._sel.register(self.sock, selectors.EVENT_READ, "accept")
+        if self.sock not in self._sel.get_map():
+            self._sel.register(self.sock, selectors.EVENT_READ, "accept")
         for conn in [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]:
             age, reading = now - conn.since, conn.buf or conn.head
-            if conn.done and age > LINGER or not reading and age > self.idle_timeout: self._close(conn)
+            if conn.done and age > LINGER or not reading and age > self.idle_timeout:
+                self._close(conn)
             elif reading and not conn.done and age > self.read_deadline:
                 self._refuse(conn, "request_timeout", "not received in %gs" % self.read_deadline, 408, advance=True)
         with self._cv:
             late = [self._ready.popleft()[0] for _ in range(sum(now - r[2] > self.queue_wait for r in self._ready))]
-        for conn in late: self._refuse(conn, "service_unavailable", "busy; retry", 503, advance=True)
+        for conn in late:
+            self._refuse(conn, "service_unavailable", "busy; retry", 503, advance=True)
+
     def _watch(self, conn, on):  # have the selector watch conn for input, or stop
-        if on and not conn.watched: self._sel.register(conn.sock, selectors.EVENT_READ, conn)
-        elif conn.watched and not on: self._sel.unregister(conn.sock)
+        if on and not conn.watched:
+            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+        elif conn.watched and not on:
+            self._sel.unregister(conn.sock)
         conn.watched = on
+
     def _close(self, conn):
         self._watch(conn, False)
         conn.sock.close()
         self._open -= 1
+
     def _receive(self, conn):  # part of a request, or input to discard while closing
-        try: data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError): return
-        except OSError: data = None  # reset by the peer
-        if data and conn.done: return
-        if not data and (conn.done or data is None or not (conn.buf or conn.head)): return self._close(conn)
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = None  # reset by the peer
+        if data and conn.done:
+            return
+        if not data and (conn.done or data is None or not (conn.buf or conn.head)):
+            return self._close(conn)
         if not data:  # half-closed inside a request: say so before closing
-            return self._refuse(conn, "truncated_body" if conn.head else "truncated_request",
-                                "the connection closed inside the request", advance=True)
+            return self._refuse(
+                conn,
+                "truncated_body" if conn.head else "truncated_request",
+                "the connection closed inside the request",
+                advance=True,
+            )
         conn.since = time.monotonic() if not conn.buf and conn.head is None else conn.since  # a request starts
         conn.buf += data
         self._advance(conn)
+
     def _advance(self, conn, resumed=False):  # queue conn's whole request, refuse it, or wait (or linger)
         conn.since = time.monotonic() if resumed and conn.head is None else conn.since
         if not conn.done:
-            try: req = self._parse(conn)
-            except RequestError as e: req = self._refuse(conn, e.code, e.message, e.status, e.headers)
+            try:
+                req = self._parse(conn)
+            except RequestError as e:
+                req = self._refuse(conn, e.code, e.message, e.status, e.headers)
             if req is not None:
                 self._watch(conn, False)
                 with self._cv:
@@ -1009,87 +1654,125 @@ class Server(object):
                     self._cv.notify()
                 return
         self._watch(conn, True)
+
     def _work(self):
         while True:
             with self._cv:
-                while not self._ready: self._cv.wait()
+                while not self._ready:
+                    self._cv.wait()
                 conn, req, _ = self._ready.popleft()
-            if conn is None: return
+            if conn is None:
+                return
             while req is not None:
                 data, close = self._reply(*req)
                 try:  # a client that does not read holds this worker at most read_deadline
                     conn.sock.settimeout(self.read_deadline)
                     conn.sock.sendall(data)
-                except OSError: close = True
+                except OSError:
+                    close = True
                 req = self._linger(conn) if close else self._next(conn)
             conn.sock.setblocking(False)
             self._returned.append(conn)
-            try: self._wake_w.send(b"x")
-            except OSError: conn.sock.close()  # shut down meanwhile
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                conn.sock.close()  # shut down meanwhile
+
     def _next(self, conn):  # keep-alive fast path when quiet: a whole request within GRACE stays here
-        if self._ready or self._open > 2: return None
+        if self._ready or self._open > 2:
+            return None
         try:
             if not conn.buf:
                 conn.sock.settimeout(GRACE)
                 data = conn.sock.recv(65536)
                 conn.buf, conn.since = conn.buf + data, time.monotonic()
-                if not data: return self._linger(conn)  # the client has gone
+                if not data:
+                    return self._linger(conn)  # the client has gone
             return self._parse(conn)
-        except RequestError as e: self._refuse(conn, e.code, e.message, e.status, e.headers)
-        except OSError: pass  # nothing came within GRACE (socket.timeout)
+        except RequestError as e:
+            self._refuse(conn, e.code, e.message, e.status, e.headers)
+        except OSError:
+            pass  # nothing came within GRACE (socket.timeout)
+
     def _linger(self, conn):  # after the last response: discard input until the client closes, so it is not reset
         conn.done, conn.since, conn.buf, conn.head = True, time.monotonic(), bytearray(), None
-        try: conn.sock.shutdown(socket.SHUT_WR)
-        except OSError: pass
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
     def _refuse(self, conn, code, message, status=400, headers=(), advance=False):
         """Answer an error and close, as the input is no longer in step: one small send, then linger."""
         self.service.count("errors_by_status", str(status))
         body = _json_text({"error": code, "message": message}).encode("utf-8")
         head_only = conn.head is not None and conn.head[0] == "HEAD"
-        try: conn.sock.send(self._response(status, body, True, "application/json", headers, head_only))
-        except OSError: pass  # the client is not reading: nothing more can be said
+        try:
+            conn.sock.send(self._response(status, body, True, "application/json", headers, head_only))
+        except OSError:
+            pass  # the client is not reading: nothing more can be said
         self._linger(conn)
-        if advance: self._advance(conn)
+        if advance:
+            self._advance(conn)
+
     def _response(self, status, body, close, ctype="application/json", extra=(), head_only=False, keep10=False):
-        lines = ["HTTP/1.1 %d %s" % (status, _PHRASES[status]), "Cache-Control: no-store", "X-Content-Type-Options: "
-                 "nosniff"] + ["Connection: close"] * close + ["Connection: keep-alive"] * keep10
+        lines = (
+            [
+                "HTTP/1.1 %d %s" % (status, _PHRASES[status]),
+                "Cache-Control: no-store",
+                "X-Content-Type-Options: " "nosniff",
+            ]
+            + ["Connection: close"] * close
+            + ["Connection: keep-alive"] * keep10
+        )
         lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)] if status != 204 else []
         head = ("\r\n".join(lines + ["%s: %s" % h for h in extra]) + "\r\n\r\n").encode("latin-1")
         return head if head_only or status == 204 else head + body
+
     def _reply(self, method, path, headers, keep, version, body):  # (the response to a whole request, close?)
         close = not keep or "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", "")
         extra, ctype, status = [], "application/json", 200
         try:
-            if method == "OPTIONS": status, extra, data = 204, [("Allow", _ALLOW[ROUTES.get(path, "*")])], b""
+            if method == "OPTIONS":
+                status, extra, data = 204, [("Allow", _ALLOW[ROUTES.get(path, "*")])], b""
             elif path == "/":
                 ctype, data = "text/html; charset=utf-8", self._docs[path]
                 extra = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")]
-            elif method != "POST": data = self._docs.get(path) or _json_text({"status": "ok", "version": VERSION}
-                                                  if path == "/healthcheck" else self.service.stats()).encode()
+            elif method != "POST":
+                data = (
+                    self._docs.get(path)
+                    or _json_text(
+                        {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
+                    ).encode()
+                )
             else:
                 (status, obj), close = self.service.post(path, body, headers), not keep
                 data = b"" if obj is None else _json_text(obj).encode("utf-8")
         except Exception:  # a bug must still answer, never drop the connection or print a traceback
             status, close, data = 500, True, b'{"error":"internal_error","message":"the request could not be handled"}'
-        if status >= 400: self.service.count("errors_by_status", str(status))
+        if status >= 400:
+            self.service.count("errors_by_status", str(status))
         keep10 = keep and not close and version == "HTTP/1.0"
         return self._response(status, data, close, ctype, extra, method == "HEAD", keep10), close
+
     def _parse(self, conn):  # the next whole request in conn.buf, None until complete; refusals from the head
         buf = conn.buf
         if conn.head is None:
-            if buf[:1] in (b"\r", b"\n"): del buf[:len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: empty lines
+            if buf[:1] in (b"\r", b"\n"):
+                del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: empty lines
             i, j = buf.find(b"\n\r\n"), buf.find(b"\n\n")
             end = -1 if i < 0 and j < 0 else i + 3 if j < 0 or 0 <= i < j else j + 2
             if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
                 raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
-            if end < 0: return None
+            if end < 0:
+                return None
             lines = bytes(buf[:end]).decode("latin-1").split("\n")
             del buf[:end]
             method, _, rest = lines[0].rstrip("\r").partition(" ")
             target, _, version = rest.partition(" ")
             if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*")):
                 raise RequestError("bad_request_line", "malformed request line")
-            if version not in ("HTTP/1.1", "HTTP/1.0"): raise RequestError("unsupported_http_version", "use HTTP/1.1")
+            if version not in ("HTTP/1.1", "HTTP/1.0"):
+                raise RequestError("unsupported_http_version", "use HTTP/1.1")
             headers = {}
             for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
                 name, sep, value = line.partition(":")
@@ -1102,71 +1785,95 @@ class Server(object):
             conn.head = (method,)  # so that a refusal of a HEAD request has no body
             conn.head = (method, path, headers, keep, version, self._check(conn, method, path, headers))
         n = conn.head[5]
-        if len(buf) < n: return None
+        if len(buf) < n:
+            return None
         head, conn.head, body = conn.head, None, bytes(buf[:n])
         del buf[:n]
         return head[:5] + (body,)
+
     def _check(self, conn, method, path, headers):  # head refusals (404 405 411 400 413 403 401 415) or the body length
         route = "*" if path == "*" and method == "OPTIONS" else ROUTES.get(path)
-        if route is None: raise RequestError("not_found", "no such path; see GET /spec", 404)
+        if route is None:
+            raise RequestError("not_found", "no such path; see GET /spec", 404)
         if method not in _ALLOW[route].split(", "):
             raise RequestError("method_not_allowed", "see Allow", 405, [("Allow", _ALLOW[route])])
         length = headers.get("content-length")
-        if method != "POST": return 0
+        if method != "POST":
+            return 0
         if "transfer-encoding" in headers or length is None:
             raise RequestError("length_required", "send the body with Content-Length (chunked is not accepted)", 411)
         if not (length.isascii() and length.isdigit() and len(length) <= 15):
             raise RequestError("bad_content_length", "Content-Length must be a decimal number")
-        if int(length) > self.max_body: raise RequestError("body_too_large", "over %d bytes" % self.max_body, 413)
+        if int(length) > self.max_body:
+            raise RequestError("body_too_large", "over %d bytes" % self.max_body, 413)
         if _norm_origin(headers.get("origin")) not in self.origins:  # DNS-rebinding protection
             raise RequestError("forbidden_origin", "this Origin is not allowed (see --allow-origin)", 403)
         scheme, _, given = headers.get("authorization", "").partition(" ")
-        if self.token is not None and not (scheme.lower() == "bearer" and hmac.compare_digest(
-                given.strip().encode("latin-1"), self.token)):
+        if self.token is not None and not (
+            scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), self.token)
+        ):
             raise RequestError("unauthorized", "a bearer token is required", 401, [("WWW-Authenticate", "Bearer")])
         mime, *params = headers.get("content-type", "").lower().split(";")
         charsets = {v.strip().strip('"') for k, _, v in (p.partition("=") for p in params) if k.strip() == "charset"}
         if mime.strip() != "application/json" or not charsets <= {"utf-8", "utf8"}:
             raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
         if headers.get("expect", "").lower() == "100-continue" and len(conn.buf) < int(length):
-            try: conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-            except OSError: pass
+            try:
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError:
+                pass
         return int(length)
+
+
 # ---- §9 Command line ---------------------------------------------------------------------------------------------
 def _origin(value):
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment:
         raise argparse.ArgumentTypeError("expected scheme://host[:port]")
     return value
+
+
 def _fail(message):
     sys.stderr.write("verify_action.py: error: %s\n" % message)
     return 2
+
+
 def _receipt_command(argv):  # keygen --key-file F | verify-receipt FILE --key-file F
     p = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
-    if argv[0] == "verify-receipt": p.add_argument("file")
+    if argv[0] == "verify-receipt":
+        p.add_argument("file")
     p.add_argument("--key-file", required=True)
     a = p.parse_args(argv[1:])
     try:
-        if argv[0] == "keygen": return print(keygen(a.key_file)) or 0  # prints the new kid
+        if argv[0] == "keygen":
+            return print(keygen(a.key_file)) or 0  # prints the new kid
         ring = load_keyring(a.key_file)
-        with open(a.file, "rb") as f: doc = strict_loads(f.read(MAX_BODY + 1))
-    except (OSError, ValueError) as e: return _fail(getattr(e, "message", None) or e)
+        with open(a.file, "rb") as f:
+            doc = strict_loads(f.read(MAX_BODY + 1))
+    except (OSError, ValueError) as e:
+        return _fail(getattr(e, "message", None) or e)
     doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
     valid, reason, kid = verify_receipt(doc, ring)
     print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
     return 0 if valid else 1
+
+
 def main(argv=None):  # the command line; returns the exit status
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["keygen"], ["verify-receipt"]): return _receipt_command(argv)
+    if argv[:1] in (["keygen"], ["verify-receipt"]):
+        return _receipt_command(argv)
     p = argparse.ArgumentParser(prog="verify_action.py", description=__doc__.split("\n\n")[0])
-    for flag, kw in (("--host", dict(default="127.0.0.1", help="bind address; non-loopback is an explicit opt-in")),
-                     ("--port", dict(type=int, default=8092, help="0 picks a free port (printed on stderr)")),
-                     ("--key-file", dict(help="key ring (see keygen); without it an ephemeral key is used")),
-                     ("--max-body", dict(type=int, default=MAX_BODY)), ("--workers", dict(type=int, default=16)),
-                     ("--token-file", dict(help="every POST then needs Authorization: Bearer <token>")),
-                     ("--issuer", dict(default="verify_action.py", help="issued_by in receipts")),
-                     ("--allow-origin", dict(action="append", default=[], type=_origin, metavar="ORIGIN")),
-                     ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP"))):
+    for flag, kw in (
+        ("--host", dict(default="127.0.0.1", help="bind address; non-loopback is an explicit opt-in")),
+        ("--port", dict(type=int, default=8092, help="0 picks a free port (printed on stderr)")),
+        ("--key-file", dict(help="key ring (see keygen); without it an ephemeral key is used")),
+        ("--max-body", dict(type=int, default=MAX_BODY)),
+        ("--workers", dict(type=int, default=16)),
+        ("--token-file", dict(help="every POST then needs Authorization: Bearer <token>")),
+        ("--issuer", dict(default="verify_action.py", help="issued_by in receipts")),
+        ("--allow-origin", dict(action="append", default=[], type=_origin, metavar="ORIGIN")),
+        ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP")),
+    ):
         p.add_argument(flag, **kw)
     a = p.parse_args(argv)
     if not (0 <= a.port < 65536 and 0 < a.workers <= 256 and 1024 <= a.max_body <= 64 << 20 and 0 < len(a.issuer) < 99):
@@ -1174,26 +1881,40 @@ def main(argv=None):  # the command line; returns the exit status
     try:
         ring = load_keyring(a.key_file) if a.key_file else KeyRing.generate()
         token = read_private_file(a.token_file).strip().encode("utf-8") if a.token_file else None
-    except (OSError, ValueError) as e: return _fail(e)
-    if token is not None and (len(token) < 16 or b"\n" in token): return _fail("--token-file: one token, >= 16 chars")
-    if ring.ephemeral: sys.stderr.write("verify_action.py: no --key-file: an ephemeral key (kid %s) signs, so receipts "
-                                        "cannot be verified after a restart (see keygen)\n" % ring.kid)
+    except (OSError, ValueError) as e:
+        return _fail(e)
+    if token is not None and (len(token) < 16 or b"\n" in token):
+        return _fail("--token-file: one token, >= 16 chars")
+    if ring.ephemeral:
+        sys.stderr.write(
+            "verify_action.py: no --key-file: an ephemeral key (kid %s) signs, so receipts "
+            "cannot be verified after a restart (see keygen)\n" % ring.kid
+        )
     service = Service(ring, a.issuer)
     if a.stdio:
         out, sys.stdout = sys.stdout.buffer, sys.stderr  # a stray print must never corrupt the protocol stream
         serve_stdio(service, sys.stdin.buffer, out)
         return 0
-    try: server = Server(service, a.host, a.port, a.workers, a.max_body, token, a.allow_origin)
-    except OSError as e: return _fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
+    try:
+        server = Server(service, a.host, a.port, a.workers, a.max_body, token, a.allow_origin)
+    except OSError as e:
+        return _fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
     if not _is_loopback(a.host) and token is None:
-        sys.stderr.write("verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
-                         "reach this port can obtain signed receipts\n" % a.host)
-    sys.stderr.write("verify_action.py %s listening on http://%s:%d (kid %s)\n" % (
-        VERSION, "[%s]" % a.host if ":" in a.host else a.host, server.port, ring.kid))
+        sys.stderr.write(
+            "verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
+            "reach this port can obtain signed receipts\n" % a.host
+        )
+    sys.stderr.write(
+        "verify_action.py %s listening on http://%s:%d (kid %s)\n"
+        % (VERSION, "[%s]" % a.host if ":" in a.host else a.host, server.port, ring.kid)
+    )
     sys.stderr.flush()
     server.serve_forever()
     return 0
+
+
 if __name__ == "__main__":
-    try: sys.exit(main())
+    try:
+        sys.exit(main())
     except KeyboardInterrupt:  # Ctrl-C ends the service quietly
         sys.exit(0)
