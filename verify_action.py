@@ -13,19 +13,20 @@ over RFC 8785 canonical JSON) proves which service judged which request, when, w
 import argparse, base64, collections, gc, hashlib, hmac, html, http, ipaddress, itertools, json, os, re, secrets
 import selectors, socket, stat, sys, threading, time, urllib.parse
 
-# ---- §1 Constants, verdicts, reason codes ------------------------------------------------------------------------
+# ============================================================================================================
+# §1 Constants, verdicts, reason codes
+# ============================================================================================================
+
 VERSION, SCHEMA = "1.0.0", "verify_action_receipt.v0"
 VERDICTS = ("verified", "contradicted", "insufficient_evidence", "unsafe_to_verify")
-LEGACY, KINDS = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected"))), (
-    "code_diff",
-    "db_op",
-    "file_op",
-    "api_call",
-    "generic",
-)
-MAX_CLAIM, MAX_CONTEXT, MAX_DEPTH, MAX_BODY, MAX_CALLER_KEYS, MAX_CALLER_STR = 8192, 8192, 32, 1 << 20, 8, 64
+LEGACY = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected")))  # the peer's verdict names, kept as aliases
+KINDS = ("code_diff", "db_op", "file_op", "api_call", "generic")
+MAX_CLAIM, MAX_CONTEXT = 8192, 8192  # characters (code points)
+MAX_DEPTH = 32  # JSON nesting; the request object is level 1
+MAX_BODY = 1 << 20  # bytes of a POST body (--max-body)
+MAX_CALLER_KEYS, MAX_CALLER_STR = 8, 64
 REQUEST_FIELDS = ("claim", "evidence", "kind", "context", "caller_context")
-BOUNDS = {
+BOUNDS = {  # per-kind evidence bounds: beyond them the verdict is unsafe_to_verify (evidence_too_large)
     "diff_chars": 4 << 20,
     "diff_files": 5000,
     "operation_chars": 65536,
@@ -33,7 +34,7 @@ BOUNDS = {
     "request_chars": 4 << 20,
     "count_max": 2**53,
 }
-PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")  # MCP, newest first
 PROVES = (
     "Which service (key id kid) judged which exact request (SHA-256 of the claim, of the evidence and "
     "of the whole request in RFC 8785 canonical form), when, and with what verdict and reason codes."
@@ -115,27 +116,40 @@ CONFIDENCE = (
 )
 
 
-def decide(codes):  # the fixed rule over codes (repeats count): (verdict, confidence)
-    signals = [REASONS[c][1] for c in codes]
-    pos, neg = signals.count("+"), signals.count("-")
+def decide(codes):
+    """(verdict, confidence) by the fixed rule (DECISION, CONFIDENCE) over reason codes; repeats count."""
+    signals = [REASONS[code][1] for code in codes]
+    positives, negatives = signals.count("+"), signals.count("-")
     if "unsafe" in signals:
         return "unsafe_to_verify", 0.0
     if "!" in signals:
         return "contradicted", 0.9
-    if not neg and pos >= 2:
-        return "verified", round(min(0.95, 0.6 + 0.1 * (pos - 2)), 3)
-    if neg >= 2 and not pos:
-        return "contradicted", round(min(0.9, 0.6 + 0.1 * (neg - 2)), 3)
+    if not negatives and positives >= 2:
+        return "verified", round(min(0.95, 0.6 + 0.1 * (positives - 2)), 3)
+    if negatives >= 2 and not positives:
+        return "contradicted", round(min(0.9, 0.6 + 0.1 * (negatives - 2)), 3)
     return "insufficient_evidence", 0.5
 
 
-# ---- §2 Canonical JSON (RFC 8785) and hashing --------------------------------------------------------------------
+# ============================================================================================================
+# §2 Canonical JSON (RFC 8785) and hashing
+# ============================================================================================================
+
 _encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text; unrolled: the parts never overlap
+_NOT_PLAIN = re.compile(r"[0-9][.eE]|(?<![0-9])[0-9]{16}")  # outside strings: a float, or a 16-digit integer
+_BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
+_SORTED = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
+)
+
+
 _sha = lambda data: "sha256:" + hashlib.sha256(data).hexdigest()
 _b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
-def _es_number(x):  # a number in ECMAScript Number.prototype.toString form, as RFC 8785 requires
+def _es_number(x):
+    # A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires.
     if isinstance(x, int) and -(2**53) < x < 2**53:
         return str(x)
     f = float(x)
@@ -143,29 +157,27 @@ def _es_number(x):  # a number in ECMAScript Number.prototype.toString form, as 
         raise ValueError("NaN and Infinity have no canonical JSON form")
     if f == 0:
         return "0"
-    mant, _, exp = repr(abs(f)).partition("e")  # repr gives the shortest round-trip digits
-    ip, _, fp = mant.partition(".")
-    digits = (ip + fp).lstrip("0")
-    n = len(ip) + int(exp or 0) - (len(ip + fp) - len(digits))  # position of the decimal point
+    # the shortest round-trip digits (repr), without leading or trailing zeros, and the position n of the decimal
+    # point: abs(f) = 0.<digits> x 10^n
+    mantissa, _, exponent = repr(abs(f)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = (whole + fraction).lstrip("0")
+    n = len(whole) + int(exponent or 0) - (len(whole + fraction) - len(digits))
     digits = digits.rstrip("0")
     k = len(digits)
-    out = (
-        digits + "0" * (n - k)
-        if k <= n <= 21
-        else (
-            digits[:n] + "." + digits[n:]
-            if 0 < n <= 21
-            else (
-                "0." + "0" * -n + digits
-                if -6 < n <= 0
-                else digits[0] + ("." + digits[1:] if k > 1 else "") + "e%+d" % (n - 1)
-            )
-        )
-    )
-    return ("-" if f < 0 else "") + out
+    if k <= n <= 21:  # a whole number below 1e21
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:  # digits on both sides of the point
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:  # down to 0.000001 without an exponent
+        text = "0." + "0" * -n + digits
+    else:
+        text = digits[0] + ("." + digits[1:] if k > 1 else "") + "e%+d" % (n - 1)
+    return ("-" if f < 0 else "") + text
 
 
 def _jcs(v):
+    # The exact RFC 8785 text of a JSON value, in pure Python.
     if isinstance(v, str):
         return _encode_str(v)
     if v is None or isinstance(v, bool):
@@ -180,28 +192,29 @@ def _jcs(v):
     return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in keys) + "}"
 
 
-_NOT_PLAIN = re.compile(r"[0-9][.eE]|(?<![0-9])[0-9]{16}")  # outside strings: a float, or a 16-digit integer
-_BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
-_SORTED = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
-)
+def _dumps_differs_from_jcs(text):
+    # Whether json.dumps text may differ from JCS: a float or a 16-digit integer outside strings (ECMAScript writes
+    # numbers as doubles), or keys that mix U+E000-U+FFFF with astral characters (UTF-16 order differs).
+    number = _NOT_PLAIN.search(text) and _NOT_PLAIN.search(_JSON_STRING.sub("", text))
+    return bool(number or (_BMP_HIGH.search(text) and _ASTRAL.search(text)))
 
 
 def canonical_json(value):
     """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes (json.dumps in C when exact)."""
     text = _SORTED.encode(value)
-    if (
-        len(text) < 4096
-        or _NOT_PLAIN.search(text)
-        and _NOT_PLAIN.search(_JSON_STRING.sub("", text))
-        or (_BMP_HIGH.search(text) and _ASTRAL.search(text))
-    ):
+    if len(text) < 4096 or _dumps_differs_from_jcs(text):  # below 4 KiB the exact path costs little
         text = _jcs(value)
     return text.encode("utf-8")
 
 
-# ---- §3 Rules per kind (pure). Inputs are tokenised once with single-class patterns and judged with set ----------
-# look-ups and str methods: time is linear; no pattern has nested or adjacent overlapping quantifiers.
+# ============================================================================================================
+# §3 Rules per kind (pure)
+# ============================================================================================================
+# Inputs are tokenised once with single-class patterns and judged with set look-ups and str methods: time is
+# linear, and no pattern has nested or adjacent overlapping quantifiers (the peer froze on "a." * 4000).
+
+# ---- §3.1 Words, tokens and the things a claim names -------------------------------------------------------
+
 _TOKEN = re.compile(r"[^\s`'\"();<>\[\]{}|]+")
 _CODE_TOKEN, _ALPHA = re.compile(r"[A-Za-z0-9_.]+"), re.compile(r"[a-z]+")
 _URLS = re.compile(r"(?i)\bhttps?://([^/?#\s\"'<>]*)(/[^?#\s\"'<>]*)?")  # netloc, then a path: classes never overlap
@@ -227,16 +240,16 @@ _NOT = frozenset("not never didn wasn isn couldn cannot weren hasn haven doesn d
 _NEGATION = _NOT | frozenset("no nothing none neither nor without failed".split())  # before a verb: 'no rows were'
 
 
-def _verbs(**classes):  # word -> class: base words and their -s -es -d -ed -ing -ied -ies forms
-    table = {w: cls for cls, words in classes.items() for w in words.split()}
-    return dict(
-        {
-            f: c
-            for w, c in table.items()
-            for f in (w + "s", w + "es", w + "d", w + "ed", w + "ing", w[:-1] + "ied", w[:-1] + "ies")
-        },
-        **table,
-    )
+def _verbs(**classes):
+    # word -> class for the base words of each class and their -s -es -d -ed -ing -ied -ies forms.
+    table = {word: cls for cls, words in classes.items() for word in words.split()}
+    forms = {
+        form: cls
+        for word, cls in table.items()
+        for form in (word + "s", word + "es", word + "d", word + "ed", word + "ing", word[:-1] + "ied",
+                     word[:-1] + "ies")
+    }
+    return dict(forms, **table)  # a base word keeps its own class when it is also another's form
 
 
 VERB_CLASSES = {  # base words; each also matches its -s -es -d -ed -ing forms
@@ -261,13 +274,13 @@ VERB_CLASSES = {  # base words; each also matches its -s -es -d -ed -ing forms
     ),
 }
 _CODE_VERBS, _DB_VERBS, _FILE_VERBS = (_verbs(**VERB_CLASSES[k]) for k in ("code_diff", "db_op", "file_op"))
-_FILE_STATES = {
+_FILE_STATES = {  # (exists_before, exists_after) each file_op verb needs; None: either
     "create": (False, True),
     "write": (None, True),
     "delete": (True, False),
     "modify": (True, True),
     "rename": (True, True),
-}  # (exists_before, exists_after) each verb needs; None: either
+}
 _ALL_VERBS = frozenset(_CODE_VERBS) | frozenset(_DB_VERBS) | frozenset(_FILE_VERBS)
 _OK_WORDS = frozenset("sent delivered posted created succeeded ok success successful successfully accepted".split())
 _FAIL_WORDS = frozenset("failed fail fails failure error errored rejected bounced denied unsuccessful unable".split())
@@ -275,36 +288,33 @@ _STATUS_OK = frozenset("ok success succeeded successful sent delivered accepted 
 _STATUS_FAIL = frozenset("error failed failure fail rejected bounced denied invalid".split())
 _STATUS_KEYS, _ARTICLES = frozenset("status state result outcome conclusion".split()), ("the", "a", "an", "file")
 _NOT_NOUN = _STOP | _NOT_ID | _ALL_VERBS | _OK_WORDS | _FAIL_WORDS | _STATUS_OK  # never the noun of 'user 5'
-_SIZE_UNITS = {
-    "b": 1,
-    "byte": 1,
-    "bytes": 1,
-    "kb": 1000,
-    "kib": 1024,
-    "mb": 10**6,
-    "mib": 1 << 20,
-    "gb": 10**9,
-    "gib": 1 << 30,
-}
+_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10**6, "mib": 1 << 20, "gb": 10**9,
+               "gib": 1 << 30}
 _EMAIL_LOCAL = {ord(c): "a" for c in "._+-%"}  # characters allowed in an email's local part besides letters, digits
-_strip = lambda t: t.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
+
+
+# Small pure helpers, one expression each.
+_strip = lambda token: token.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
 _digits = lambda s: s.isascii() and s.isdigit()
 _tokens = lambda text: [t for t in map(_strip, _TOKEN.findall(text)) if t]  # split once, punctuation trimmed
+_words = lambda text: ((tokens := _tokens(text)), [t.lower() for t in tokens])  # (tokens, the same in lower case)
+# a word and its stems without -ing -ed -es -s (a stem keeps at least 3 letters)
 _variants = lambda w: [w] + [w[: -len(s)] for s in ("ing", "ed", "es", "s") if w.endswith(s) and len(w) - len(s) >= 3]
-_words = lambda text: ((toks := _tokens(text)), [t.lower() for t in toks])  # (tokens, the same lower-cased)
 
 
-def _number(tok):  # a plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None
+def _number(tok):
+    # A plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None.
     parts = tok.split(",") if len(tok) <= 24 else ["x"]
     if len(parts) > 1 and not (1 <= len(parts[0]) <= 3 and all(len(p) == 3 for p in parts[1:])):
         return None
-    ip, dot, fp = "".join(parts).partition(".")
-    if not _digits(ip) or (dot and not _digits(fp)):
+    whole, dot, fraction = "".join(parts).partition(".")
+    if not _digits(whole) or (dot and not _digits(fraction)):
         return None
-    return float(ip + "." + fp) if dot else int(ip)
+    return float(whole + "." + fraction) if dot else int(whole)
 
 
-def _identifier(tok, explicit=False):  # a dotted, snake_case or camelCase identifier (any word backticked), else None
+def _identifier(tok, explicit=False):
+    # tok if it is a dotted, snake_case or camelCase identifier (any word when explicit: backticked), else None.
     parts = tok.split(".")
     if not all(p and p.isascii() and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts):
         return None
@@ -315,29 +325,33 @@ def _identifier(tok, explicit=False):  # a dotted, snake_case or camelCase ident
 
 
 def _email(tok):
+    # The address in lower case if tok is an email address, else None.
     local, at, domain = tok.partition("@")
-    ok = (
-        at
-        and local
-        and "." in domain.strip(".")
+    domain_ok = (
+        "." in domain.strip(".")
         and not domain.startswith(".")
         and not domain.endswith(".")
         and domain.replace(".", "a").replace("-", "a").isalnum()
-        and local.translate(_EMAIL_LOCAL).isalnum()
     )
+    ok = at and local and domain_ok and local.translate(_EMAIL_LOCAL).isalnum()
     return tok.lower() if ok else None
 
 
-def _host_path(netloc, path):  # (host in lower case, path without a trailing '/'), or None without a host
+def _host_path(netloc, path):
+    # (host in lower case, path without a trailing '/'), or None without a host.
     host = netloc.rpartition("@")[2]  # no user info; no port; an IPv6 address without its brackets
-    host = (host[1 : host.find("]")] if host[:1] == "[" else host.partition(":")[0]).lower()
-    return (host, path.rstrip("/")) if host else None
+    host = host[1 : host.find("]")] if host[:1] == "[" else host.partition(":")[0]
+    return (host.lower(), path.rstrip("/")) if host else None
 
 
-_url = lambda tok: (lambda m: m and _host_path(m.group(1), m.group(2) or ""))(_URLS.match(tok))  # a URL token
+def _url(tok):
+    # (host, path) if tok is an http(s) URL, else None.
+    match = _URLS.match(tok)
+    return match and _host_path(match.group(1), match.group(2) or "")
 
 
-def _pathish(tok):  # a token that names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)
+def _pathish(tok):
+    # Whether tok names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c).
     if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]:
         return False
     base = tok.rsplit("/", 1)[-1]
@@ -347,11 +361,15 @@ def _pathish(tok):  # a token that names a file: a known extension, or clearly a
     return "/" in tok and bool(base) and (tok.startswith(("/", "./", "~/")) or tok.count("/") >= 2)
 
 
-_suffix_of = lambda claimed, path: bool(claimed) and (path == claimed or path.endswith("/" + claimed))  # not data.py
+# the claimed path is path or a whole-component suffix of it (a.py never matches data.py)
+_suffix_of = lambda claimed, path: bool(claimed) and (path == claimed or path.endswith("/" + claimed))
 _singular = lambda n: n[:-3] + "y" if n.endswith("ies") else n[:-1] if n.endswith("s") and n[-2:] != "ss" else n
+# the noun of an explicit id ('user 12345'): not a stopword, verb or past participle
+_id_noun = lambda t: t.isalpha() and len(t) >= 3 and t not in _NOT_NOUN and not (t.endswith("ed") and len(t) > 4)
 
 
-def _claim_ids(low):  # explicit ids as (noun, N): id=N, id N, #N, NAME_id N, user 12345
+def _claim_ids(low):
+    # Explicit ids the lower-cased tokens name, as (noun, N): id=N, id N, #N, NAME_id N, user 12345.
     ids = set()
     for i, t in enumerate(low):
         nxt = low[i + 1] if i + 1 < len(low) else ""
@@ -359,133 +377,202 @@ def _claim_ids(low):  # explicit ids as (noun, N): id=N, id N, #N, NAME_id N, us
             ids.add(("", str(int(t[1:]))))
         elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21:
             ids.add(("", str(int(t[3:]))))
-        elif (
-            _digits(nxt)
-            and len(nxt) <= 18
-            and (
-                t == "id"
-                or t.endswith("_id")
-                or (t.isalpha() and len(t) >= 3 and t not in _NOT_NOUN and not (t.endswith("ed") and len(t) > 4))
-            )
-        ):
-            ids.add((_singular(t[:-3] if t.endswith("_id") else "" if t == "id" else t), str(int(nxt))))
+        elif _digits(nxt) and len(nxt) <= 18 and (t == "id" or t.endswith("_id") or _id_noun(t)):
+            noun = t[:-3] if t.endswith("_id") else "" if t == "id" else t
+            ids.add((_singular(noun), str(int(nxt))))
     return ids
 
 
-_negated_at = lambda low, i: not _NEGATION.isdisjoint(low[max(0, i - 3) : i])  # 'did not delete', 'no rows were'
+# a negation ('did not delete', 'no rows were') within three tokens before token i
+_negated_at = lambda low, i: not _NEGATION.isdisjoint(low[max(0, i - 3) : i])
 
 
-def _verb_classes(low, table):  # (classes of the non-negated verbs, whether a verb is negated)
+def _verb_classes(low, table):
+    # (classes of the verbs not negated, whether any verb is negated).
     found = [(table[w], _negated_at(low, i)) for i, w in enumerate(low) if w in table]
-    return {c for c, negated in found if not negated}, any(negated for _, negated in found)
+    return {cls for cls, negated in found if not negated}, any(negated for _, negated in found)
+
+
+def _claim_count(low, verbs):
+    # The integer right after an action verb ('deleted 10 rows', 'removed all 3'), else None.
+    for i in (i for i, t in enumerate(low) if t in verbs):
+        n = next((_number(w) for w in low[i + 1 : i + 4] if w not in ("the", "all", "exactly", "only")), None)
+        if isinstance(n, int):
+            return n
+    return None
 
 
 # (key, value text) of every member, at any depth, valued a scalar or a flat list in json.dumps text: one C pass
 _MEMBER = re.compile(r'(?<!\\)"([^"\\]{1,64})": ("[^"\\]*(?:\\.[^"\\]*)*"|\[[^\[\]{}]*\]|[^,{}\[\]"]*)')
 
 
-def _claim_count(low, verbs):  # the integer right after an action verb ('deleted 10 rows', 'removed all 3')
-    for i in (i for i, t in enumerate(low) if t in verbs):
-        n = next((_number(w) for w in low[i + 1 : i + 4] if w not in ("the", "all", "exactly", "only")), None)
-        if isinstance(n, int):
-            return n
+# ---- §3.2 code_diff ----------------------------------------------------------------------------------------
 
 
-def _head_paths(rest):  # (old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes
-    rest, half = rest.strip(), len(rest.strip()) // 2
+def _head_paths(rest):
+    # (old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes.
+    rest = rest.strip()
+    half = len(rest) // 2
     if rest.startswith("a/") and " b/" in rest:
         return rest[2 : rest.find(" b/")], rest[rest.find(" b/") + 3 :]
-    if len(rest) % 2 == 1 and rest[:half] == rest[half + 1 :]:
+    if len(rest) % 2 == 1 and rest[:half] == rest[half + 1 :]:  # --no-prefix: the same path twice
         return rest[:half], rest[:half]
     old, _, new = rest.partition(" ")
     return old, new or old
 
 
 def _header_path(value):
-    value = value.split("\t", 1)[0].rstrip()  # diff -u appends a tab and a timestamp
+    # The path of a ---/+++ line: diff -u appends a tab and a timestamp; git quotes unusual names.
+    value = value.split("\t", 1)[0].rstrip()
     return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
 
 
 def _unprefix(old, new):
+    # The paths without git's a/ b/ prefixes, when both sides have them (or are /dev/null).
     if (old.startswith("a/") or old == "/dev/null") and (new.startswith("b/") or new == "/dev/null"):
-        return tuple(p[2:] if p[1:2] == "/" else p for p in (old, new))  # git's a/ b/ prefixes
+        return tuple(p[2:] if p[1:2] == "/" else p for p in (old, new))
     return old, new
 
 
-_new_file = (
-    lambda files, old, new: files.append(
-        {"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False}
-    )
-    or files[-1]
-)
+def _new_file(files, old, new):
+    # Append a file entry to files and return it.
+    files.append({"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False})
+    return files[-1]
+
+
+def _hunk_sizes(line):
+    # [old lines, new lines] an '@@ -a,b +c,d @@' line announces (a missing count is 1, a malformed one 0).
+    counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
+    return [int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]]
 
 
 def parse_diff(text):
     """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], +/- lines)."""
-    files, changed, cur, git, minus, old_left, new_left = [], [], None, False, None, 0, 0
+    files, changed = [], []
+    current = None  # the file whose headers or hunks are being read
+    git_header = False  # current came from a 'diff --git' line and has not had its '+++ ' line yet
+    minus = None  # the path of a '--- ' line, waiting for its '+++ '
+    old_left = new_left = 0  # the lines the current hunk still has to show, as its @@ line counts them
     for line in text.split("\n"):
-        if old_left > 0 or new_left > 0:  # inside a hunk, counted by its header
-            c = line[:1] if line not in ("", "\r") else " "  # a blank line is context that lost its space
-            if c in ("+", "-", " ", "\\"):  # added, removed, context, "\ No newline at end of file"
-                old_left, new_left = old_left - (c in "- "), new_left - (c in "+ ")
-                if c in "+-":
-                    cur["added" if c == "+" else "removed"] += 1
+        if old_left > 0 or new_left > 0:
+            mark = line[:1] if line not in ("", "\r") else " "  # a blank line is context that lost its space
+            if mark in ("+", "-", " ", "\\"):  # added, removed, context, "\ No newline at end of file"
+                old_left -= mark in "- "
+                new_left -= mark in "+ "
+                if mark in "+-":
+                    current["added" if mark == "+" else "removed"] += 1
                     changed.append(line)
                 continue
             old_left = new_left = 0  # a short hunk: read the line as a header
         line = line.rstrip("\r")
         if line.startswith("diff --git "):
-            cur, git = _new_file(files, *_head_paths(line[11:])), True
+            current, git_header = _new_file(files, *_head_paths(line[11:])), True
         elif line.startswith("--- "):
             minus = _header_path(line[4:])
         elif line.startswith("+++ ") and minus is not None:
             old, new = _unprefix(minus, _header_path(line[4:]))
-            cur = cur if git else _new_file(files, old, new)
-            cur["old"], cur["new"], git, minus = old, new, False, None
-            if "/dev/null" in (old, new):
-                cur["status"], cur["old"], cur["new"] = (
-                    ("added", new, new) if old == "/dev/null" else ("deleted", old, old)
-                )
+            current = current if git_header else _new_file(files, old, new)
+            current["old"], current["new"], git_header, minus = old, new, False, None
+            if "/dev/null" in (old, new):  # created or deleted
+                created = old == "/dev/null"
+                status = ("added", new, new) if created else ("deleted", old, old)
+                current["status"], current["old"], current["new"] = status
         elif line.startswith("@@ "):
-            cur, git = cur if cur is not None else _new_file(files, "", ""), False
-            counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
-            old_left, new_left = [int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]]
-        elif cur is not None and line.startswith(("new file mode", "deleted file mode")):
-            cur["status"] = "added" if line[0] == "n" else "deleted"
-        elif cur is not None and line.startswith("rename from "):
-            cur["status"], cur["old"] = "renamed", line[12:]
-        elif cur is not None and line.startswith("rename to "):
-            cur["status"], cur["new"] = "renamed", line[10:]
-        elif cur is not None and line.startswith("GIT binary patch"):
-            cur["binary"] = True
+            current = current if current is not None else _new_file(files, "", "")
+            git_header = False
+            old_left, new_left = _hunk_sizes(line)
+        elif current is not None and line.startswith(("new file mode", "deleted file mode")):
+            current["status"] = "added" if line[0] == "n" else "deleted"
+        elif current is not None and line.startswith("rename from "):
+            current["status"], current["old"] = "renamed", line[12:]
+        elif current is not None and line.startswith("rename to "):
+            current["status"], current["new"] = "renamed", line[10:]
+        elif current is not None and line.startswith("GIT binary patch"):
+            current["binary"] = True
         elif line.startswith("Binary files ") and line.endswith(" differ"):
-            cur = cur if git else _new_file(files, *_unprefix(*line[13:-7].partition(" and ")[::2]))
-            cur["binary"], git = True, False
+            paths = _unprefix(*line[13:-7].partition(" and ")[::2])
+            current = current if git_header else _new_file(files, *paths)
+            current["binary"], git_header = True, False
     return files, changed
 
 
-def _code_tokens(lines):  # identifier-like tokens of code, with sub-chains of short dotted ones
-    out = set()
-    for t in set(_CODE_TOKEN.findall("\n".join(lines))):
-        parts = t.strip(".").split(".")
-        out.add(t.strip("."))
-        out.update(
-            parts
-            if len(parts) > 8
-            else (".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
-        )
-    return out
-
-
-def judge_code_diff(claim, ev):  # {diff}: claimed paths, identifiers and action vs the parsed diff
-    files, changed = parse_diff(ev["diff"])
-    if len(files) > BOUNDS["diff_files"]:
-        return ["evidence_too_large"], {}
-    index = {}  # every whole-component suffix of every diff path -> file numbers
+def _path_index(files):
+    # Every whole-component suffix (of up to 16 components) of every path in the diff -> its file numbers.
+    index = {}
     for i, f in enumerate(files):
         for comps in (p.split("/") for p in {f["old"], f["new"]} - {"", "/dev/null"}):
             for k in range(max(0, len(comps) - 16), len(comps)):
                 index.setdefault("/".join(comps[k:]), set()).add(i)
+    return index
+
+
+def _code_tokens(lines):
+    # The identifier-like tokens of code lines, with every sub-chain of dotted ones of up to 8 parts.
+    out = set()
+    for t in set(_CODE_TOKEN.findall("\n".join(lines))):
+        parts = t.strip(".").split(".")
+        out.add(t.strip("."))
+        if len(parts) > 8:
+            out.update(parts)
+        else:
+            out.update(".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
+    return out
+
+
+def _claim_terms(claim, toks, index):
+    # (named paths, identifiers, content words) of a code_diff claim. Paths are taken first, so old_api.py is a path,
+    # never an identifier; any backticked word is an identifier.
+    backticked = {t for span in claim.split("`")[1::2] for t in _tokens(span)} if claim.count("`") >= 2 else set()
+    paths, idents, words = [], set(), []
+    for t in toks:
+        c = t[2:] if t.startswith("./") else t
+        if c in index or _pathish(c):
+            paths.append(c)
+        elif not (_email(t) or _url(t)) and _identifier(t, t in backticked):
+            idents.add(t)
+        elif t.isalpha() and len(t) >= 4 and t.lower() not in _STOP and t.lower() not in _ALL_VERBS:
+            words.append(t.lower())
+    return paths, idents, words
+
+
+def _identifier_code(idents, words, lines):
+    # Named identifiers must all be in the lines the action needs. Content words matter only when the claim names no
+    # identifier: then one of them (or its stem) must be there ("rate limiting" is not a print).
+    if idents:
+        return "identifier_in_changed_lines" if idents <= _code_tokens(lines) else "identifier_not_in_changed_lines"
+    have = {v for w in set(_CODE_WORD.findall("\n".join(lines))) for v in _variants(w.lower())} if words else ()
+    return "content_words_absent" if words and not any(v in have for w in words for v in _variants(w)) else None
+
+
+def _action_code(classes, scope):
+    # Whether the lines in scope (the named files, else all) moved as every claimed action needs.
+    added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
+    moved = {
+        "add": added > 0,
+        "check": added > 0,
+        "remove": removed or any(f["status"] == "deleted" for f in scope),
+        "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope),
+    }
+    return "action_matches_lines" if all(moved[c] for c in classes) else "action_mismatch_lines"
+
+
+def _deleted_files_code(toks, low, index, files):
+    # For the files a remove verb names as its object ('Removed old_api.py', 'Deleted the file x.py'): whether the diff
+    # deletes each of them.
+    gone = set()  # file numbers; -1 stands for a named file the diff does not have
+    for i in (i for i, w in enumerate(low) if _CODE_VERBS.get(w) == "remove" and not _negated_at(low, i)):
+        obj = next((t[2:] if t.startswith("./") else t for t in toks[i + 1 : i + 4] if t.lower() not in _ARTICLES), "")
+        gone |= index.get(obj, {-1}) if obj and (obj in index or _pathish(obj)) else set()
+    deleted = all(k >= 0 and files[k]["status"] == "deleted" for k in gone)
+    return None if not gone else "file_deleted" if deleted else "file_not_deleted"
+
+
+def judge_code_diff(claim, ev):
+    """{diff}: the paths, identifiers and action the claim names, against the parsed diff."""
+    files, changed = parse_diff(ev["diff"])
+    if len(files) > BOUNDS["diff_files"]:
+        return ["evidence_too_large"], {}
+    index = _path_index(files)
     details = {
         "files": files[:100],
         "files_changed": len(files),
@@ -494,63 +581,53 @@ def judge_code_diff(claim, ev):  # {diff}: claimed paths, identifiers and action
     }
     if not files:
         return ["diff_no_changes"], details
-    backticked = {t for span in claim.split("`")[1::2] for t in _tokens(span)} if claim.count("`") >= 2 else set()
     toks, low = _words(claim)
-    claimed, idents, words, codes, named = [], set(), [], [], set()
     classes, negated = _verb_classes(low, _CODE_VERBS)
-    # the lines the action needs: added for add and check, removed for remove, either for anything else
-    sign = "+" if classes and classes <= {"add", "check"} else "-" if classes == {"remove"} else "+-"
-    lines = [line[1:] for line in changed if line[0] in sign]
-    for t in toks:  # named paths first, so old_api.py is a path and never an identifier
-        c = t[2:] if t.startswith("./") else t
-        if c in index or _pathish(c):
-            claimed.append(c)
-        elif not (_email(t) or _url(t)) and _identifier(t, t in backticked):
-            idents.add(t)
-        elif t.isalpha() and len(t) >= 4 and t.lower() not in _STOP and t.lower() not in _ALL_VERBS:
-            words.append(t.lower())
-    if claimed:
-        hits = [c for c in claimed if c in index]
-        named = set().union(*(index[c] for c in hits))
-        codes.append(
-            "path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed) else "path_in_diff"
-        )
-    if idents and idents <= _code_tokens(lines):
-        codes.append("identifier_in_changed_lines")
-    elif idents:
-        codes.append("identifier_not_in_changed_lines")
-    elif words:  # content words matter only when the claim names no identifier
-        have = {v for w in set(_CODE_WORD.findall("\n".join(lines))) for v in _variants(w.lower())}
-        if not any(v in have for w in words for v in _variants(w)):
-            codes.append("content_words_absent")
+    claimed, idents, words = _claim_terms(claim, toks, index)
+    # 1. the paths the claim names: all, some or none in the diff
+    hits = [c for c in claimed if c in index]
+    named = set().union(*(index[c] for c in hits))  # the numbers of the named files
+    path_code = (
+        "path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed) else "path_in_diff"
+    )
+    # 2. identifiers (else content words) in the lines the action needs: added for add and check, removed for
+    # remove, either for anything else
+    signs = "+" if classes and classes <= {"add", "check"} else "-" if classes == {"remove"} else "+-"
+    identifier_code = _identifier_code(idents, words, [line[1:] for line in changed if line[0] in signs])
+    # 3. the action against the lines moved in the named files (all files when none is named)
     scope = [files[i] for i in sorted(named)] if named else files
-    added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
-    if classes:
-        need = {
-            "add": added > 0,
-            "check": added > 0,
-            "remove": removed or any(f["status"] == "deleted" for f in scope),
-            "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope),
-        }
-        codes.append("action_matches_lines" if all(need[c] for c in classes) else "action_mismatch_lines")
-    gone = set()  # the files a remove verb names as its object: 'Removed old_api.py', 'Deleted the file x.py'
-    for i in (i for i, w in enumerate(low) if _CODE_VERBS.get(w) == "remove" and not _negated_at(low, i)):
-        obj = next((t[2:] if t.startswith("./") else t for t in toks[i + 1 : i + 4] if t.lower() not in _ARTICLES), "")
-        gone |= index.get(obj, {-1}) if obj and (obj in index or _pathish(obj)) else set()
-    if gone:
-        codes.append(
-            "file_deleted" if all(k >= 0 and files[k]["status"] == "deleted" for k in gone) else "file_not_deleted"
-        )
-    if negated:
-        codes.append("claim_negated")
-    if named and len(named) < len(files):
-        total = sum(f["added"] + f["removed"] for f in files)
-        codes.append("changes_mostly_elsewhere" if (total - added - removed) * 2 > total else "unnamed_files_changed")
+    # 4. when the claim names files and the diff changes others too: most changed lines elsewhere is critical
+    total = sum(f["added"] + f["removed"] for f in files)
+    elsewhere = total - sum(f["added"] + f["removed"] for f in scope)
+    codes = [
+        path_code if claimed else None,
+        identifier_code,
+        _action_code(classes, scope) if classes else None,
+        _deleted_files_code(toks, low, index, files),
+        "claim_negated" if negated else None,
+        None if not named or len(named) >= len(files)
+        else "changes_mostly_elsewhere" if elsewhere * 2 > total else "unnamed_files_changed",
+    ]
     details.update(claimed_paths=claimed[:50], identifiers=sorted(idents)[:50], actions=sorted(classes))
-    return codes, details
+    return [c for c in codes if c], details
 
 
-def _strip_sql(sql):  # SQL with string literals, quoted names and comments blanked, in one forward pass (linear)
+# ---- §3.3 db_op --------------------------------------------------------------------------------------------
+
+_SQL_KINDS = {  # statement keyword -> the action class it performs; merge gives no direction
+    "SELECT": "read",
+    "INSERT": "insert",
+    "UPDATE": "update",
+    "DELETE": "delete",
+    "TRUNCATE": "delete",
+    "MERGE": "merge",
+    "REPLACE": "merge",
+    "UPSERT": "merge",
+}
+
+
+def _strip_sql(sql):
+    # SQL with string literals, quoted names and comments blanked, in one forward pass (linear).
     out, i = [], 0
     while True:
         m = _SQL_SKIP.search(sql, i)
@@ -562,107 +639,121 @@ def _strip_sql(sql):  # SQL with string literals, quoted names and comments blan
         i = j + len(end)
 
 
-def sql_facts(sql):
-    """(kind, ids in the first statement's WHERE, WHERE broad: OR/NOT/<>/!=/subquery, more statements)."""
-    toks = _SQL_TOKEN.findall(_strip_sql(sql))
-    kinds = {
-        "SELECT": "read",
-        "INSERT": "insert",
-        "UPDATE": "update",
-        "DELETE": "delete",
-        "TRUNCATE": "delete",
-        "MERGE": "merge",
-        "REPLACE": "merge",
-        "UPSERT": "merge",
-    }
-    kind, depth, start, end, first = None, 0, 0, len(toks), toks[0].upper() if toks else ""
+def _statement_kind(toks):
+    # (kind, index of its keyword, index of the first ';' outside parentheses) of the first statement. After WITH, the
+    # kind is that of the first statement keyword outside parentheses.
+    kind, depth, start, end = None, 0, 0, len(toks)
+    first = toks[0].upper() if toks else ""
     for i, t in enumerate(toks):
         depth += (t == "(") - (t == ")")
         if t == ";" and depth <= 0:
             end = i
             break
-        if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in kinds:
-            kind, start = kinds[t.upper()], i  # after WITH, the first statement keyword outside parentheses
+        if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in _SQL_KINDS:
+            kind, start = _SQL_KINDS[t.upper()], i
     if kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end]):
-        kind = "merge"
+        kind = "merge"  # INSERT ... ON CONFLICT / ON DUPLICATE KEY: an upsert
+    return kind, start, end
+
+
+def _where_ids(toks, start, end):
+    # (ids, broad) of the WHERE clause in toks[start:end]: the numbers compared with an id column (id = N, N = id, id IN
+    # (N, ...)), and whether the clause may reach other rows (OR, NOT, <>, !=, a subquery).
+
+    number = lambda j: str(int(toks[j])) if start <= j < end and _digits(toks[j]) and len(toks[j]) <= 18 else None
     ids, where, broad, i = set(), False, False, start
-    num = lambda j: str(int(toks[j])) if start <= j < end and _digits(toks[j]) and len(toks[j]) <= 18 else None
     while i < end:  # each token is looked at a bounded number of times: linear
-        up, col, nxt = toks[i].upper(), toks[i].rsplit(".", 1)[-1].lower(), toks[i + 1].upper() if i + 1 < end else ""
+        up, column = toks[i].upper(), toks[i].rsplit(".", 1)[-1].lower()
+        following = toks[i + 1].upper() if i + 1 < end else ""
         where = where or up == "WHERE"
-        broad = broad or where and (up in ("OR", "<>", "!=") or up == "NOT" and nxt != "NULL")
-        if where and (col == "id" or col.endswith("_id") or toks[i].endswith("Id")):
+        broad = broad or where and (up in ("OR", "<>", "!=") or up == "NOT" and following != "NULL")
+        if where and (column == "id" or column.endswith("_id") or toks[i].endswith("Id")):
             if [t.upper() for t in toks[i + 1 : i + 3]] == ["IN", "("]:  # id IN (1, 2, 3): at most 1000 tokens
                 stop = next((j for j in range(i + 3, min(end, i + 1003)) if toks[j] == ")"), min(end, i + 1003))
                 inner = range(i + 3, stop)
-                if all(toks[j] == "," or num(j) for j in inner):
-                    ids.update(filter(None, map(num, inner)))
+                if all(toks[j] == "," or number(j) for j in inner):
+                    ids.update(filter(None, map(number, inner)))
                 else:
                     broad = True  # a subquery or an expression
                 i = stop
                 continue
-            ids.update(
-                n
-                for n in (
-                    num(i + 2) if toks[i + 1 : i + 2] == ["="] else None,
-                    num(i - 2) if toks[i - 1 : i] == ["="] else None,
-                )
-                if n
-            )
+            right, left = toks[i + 1 : i + 2] == ["="], toks[i - 1 : i] == ["="]  # id = 5, 5 = id
+            ids.update(n for n in (number(i + 2) if right else None, number(i - 2) if left else None) if n)
         i += 1
+    return ids, broad
+
+
+def sql_facts(sql):
+    """(kind, ids in the first statement's WHERE, WHERE broad: OR/NOT/<>/!=/subquery, more statements)."""
+    toks = _SQL_TOKEN.findall(_strip_sql(sql))
+    kind, start, end = _statement_kind(toks)
+    ids, broad = _where_ids(toks, start, end)
     return kind, ids, broad, any(t != ";" for t in toks[end + 1 :])
 
 
-def judge_db_op(claim, ev):  # verb vs SQL kind vs row delta vs affected_rows; ids vs WHERE
+def _affected_rows_code(claimed, writes, affected, delta):
+    # affected_rows against the claimed write; consistency needs the row delta too (an update moves none)
+    if writes and affected == 0:
+        return "affected_rows_zero"
+    if writes and affected is not None and delta is not None and claimed != "update":
+        return "affected_rows_consistent" if affected == abs(delta) else "affected_rows_mismatch"
+    return "affected_rows_consistent" if claimed == "update" and affected is not None and delta == 0 else None
+
+
+def judge_db_op(claim, ev):
+    """{before_count, after_count, operation, affected_rows}: the claimed action against the SQL statement's kind,
+    the sign of the row delta and affected_rows; claimed ids against the ids the WHERE clause compares."""
     low = [t.lower() for t in _tokens(claim)]
     classes, negated = _verb_classes(low, _DB_VERBS)
     writes = classes - {"read"}
-    before, after, aff, op = (ev.get(k) for k in ("before_count", "after_count", "affected_rows", "operation"))
+    before, after = ev.get("before_count"), ev.get("after_count")
+    affected, operation = ev.get("affected_rows"), ev.get("operation")
     delta = after - before if before is not None and after is not None else None
-    skind, sql_ids, broad, several = sql_facts(op) if op is not None else (None, set(), False, False)
-    claimed = min(writes) if len(writes) == 1 else "read" if classes == {"read"} else None
-    count, codes = _claim_count(low, _DB_VERBS), ["claim_negated"] if negated else []
+    sql_kind, sql_ids, broad, several = sql_facts(operation) if operation is not None else (None, set(), False, False)
+    claimed = next(iter(writes)) if len(writes) == 1 else "read" if classes == {"read"} else None
+    count = _claim_count(low, _DB_VERBS)
     details = {
         "claimed_action": claimed,
-        "sql_kind": skind,
+        "sql_kind": sql_kind,
         "row_delta": delta,
-        "affected_rows": aff,
+        "affected_rows": affected,
         "sql_identifiers": sorted(sql_ids)[:50],
         "claimed_count": count,
     }
     if len(writes) > 1:
         return ["conflicting_verbs"], details
-    if claimed and skind and skind != "merge":
-        codes.append(
-            "sql_kind_matches" if skind == claimed else "sql_kind_conflicts" if skind == "read" else "sql_kind_mismatch"
-        )
-    if several:
-        codes.append("sql_multiple_statements")
-    if claimed and delta is not None:
-        fits = {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}[claimed]
-        codes.append("row_delta_matches" if fits else "row_delta_mismatch")
-    if writes and aff == 0:
-        codes.append("affected_rows_zero")
-    elif writes and aff is not None and delta is not None and claimed != "update":  # consistency needs two fields
-        codes.append("affected_rows_consistent" if aff == abs(delta) else "affected_rows_mismatch")
-    elif claimed == "update" and aff is not None and delta == 0:
-        codes.append("affected_rows_consistent")
-    known = {aff, abs(delta) if delta is not None and claimed != "update" else None} - {None}
-    if count is not None and known:
-        codes.append("count_matches" if count in known else "count_mismatch")
+    if delta is not None:  # the sign each action needs
+        fits = {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}
+    known = {affected, abs(delta) if delta is not None and claimed != "update" else None} - {None}  # counts to meet
     ids = {n for _, n in _claim_ids(low)}
-    if ids and not ids <= sql_ids and sql_ids:
-        codes.append("sql_identifier_mismatch")
-    elif ids:
-        codes.append("sql_identifier_unchecked" if broad or not sql_ids else "sql_identifier_matches")
-    return codes, details
+    codes = [
+        "claim_negated" if negated else None,
+        # the SQL statement's kind (MERGE, UPSERT, REPLACE give no direction)
+        None if not claimed or not sql_kind or sql_kind == "merge"
+        else "sql_kind_matches" if sql_kind == claimed
+        else "sql_kind_conflicts" if sql_kind == "read" else "sql_kind_mismatch",
+        "sql_multiple_statements" if several else None,
+        None if not claimed or delta is None else "row_delta_matches" if fits[claimed] else "row_delta_mismatch",
+        _affected_rows_code(claimed, writes, affected, delta),
+        # the count in the claim ('deleted 10 rows') against affected_rows and the size of the row delta
+        None if count is None or not known else "count_matches" if count in known else "count_mismatch",
+        None if not ids
+        else "sql_identifier_mismatch" if sql_ids and not ids <= sql_ids
+        else "sql_identifier_unchecked" if broad or not sql_ids else "sql_identifier_matches",
+    ]
+    return [c for c in codes if c], details
 
 
-def _quantities(low):  # [(token index, 'lines' or 'bytes', value)]: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'
+# ---- §3.4 file_op ------------------------------------------------------------------------------------------
+
+
+def _quantities(low):
+    # [(token index, 'lines' or 'bytes', value)]: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'.
     out = []
     for i, t in enumerate(low):
-        j = len(t) - len(t.lstrip("0123456789.,")) if len(t) <= 32 else 0
-        n, unit = _number(t[:j]) if j else None, t[j:] or (low[i + 1] if i + 1 < len(low) else "")
+        j = len(t) - len(t.lstrip("0123456789.,")) if len(t) <= 32 else 0  # the length of a leading number
+        n = _number(t[:j]) if j else None
+        unit = t[j:] or (low[i + 1] if i + 1 < len(low) else "")
         if n is not None and unit in ("line", "lines") and isinstance(n, int):
             out.append((i, "lines", n))
         elif n is not None and unit in _SIZE_UNITS:
@@ -670,58 +761,91 @@ def _quantities(low):  # [(token index, 'lines' or 'bytes', value)]: '120 lines'
     return out
 
 
-def judge_file_op(claim, ev):  # {path, exists_before, exists_after, line_count?, size_bytes?, new_path?}
-    toks, low = _words(claim)
-    path, new, quantities = ev["path"], ev.get("new_path"), _quantities(low)
-    # 'removed 3 lines', 'appended 2 KB': the verb changes content (modify) and its number is a change, not a total
+def _file_verbs(low, quantities):
+    # (verb classes, negated, indexes of editing verbs). 'Removed 3 lines', 'appended 2 KB': a verb followed by a
+    # quantity changes content (modify), and its number is a change, not a total.
     edits = {i - 1 for i, _, _ in quantities if i and _FILE_VERBS.get(low[i - 1]) not in (None, "write", "rename")}
     classes, negated = _verb_classes(["modify" if i in edits else w for i, w in enumerate(low)], _FILE_VERBS)
-    classes -= {"write"} if len(classes) > 1 else set()
-    verb = min(classes) if len(classes) == 1 else None
+    classes -= {"write"} if len(classes) > 1 else set()  # 'created x and wrote 3 lines' is one action
+    return classes, negated, edits
+
+
+def _file_path_code(toks, verb, path, new):
+    # (code, claimed paths): every path the claim names must be path or new_path, and a rename names path (the old name)
+    # first.
+
+    known = lambda c: _suffix_of(c, path) or bool(new and _suffix_of(c, new))
+    claimed = [c for c in (t[2:] if t.startswith("./") else t for t in toks) if _pathish(c) or known(c)]
+    unknown = [c for c in claimed if not known(c)]
+    if verb == "rename" and not new and len(unknown) == 1 < len(claimed):
+        unknown = []  # the destination, which the evidence does not give (new_path_missing says so)
+    order = [not _suffix_of(c, path) for c in claimed]
+    if verb == "rename" and new and order != sorted(order):
+        unknown = claimed
+    return "path_mismatch" if unknown else "path_matches" if claimed else "path_not_named", claimed
+
+
+def _existence_code(verb, new, ev):
+    # exists_before and exists_after against what the verb needs (for a rename they describe path, new_path).
+    if verb == "rename" and not new:
+        return "new_path_missing"
+    want_before, want_after = _FILE_STATES.get(verb, (None, None))
+    return (
+        None if not verb
+        else "end_state_mismatch" if ev["exists_after"] != want_after
+        else "start_state_mismatch" if want_before is not None and ev["exists_before"] != want_before
+        else "existence_matches"
+    )
+
+
+def _count_codes(lines, sizes, line_count, size_bytes):
+    # Stated totals. Lines: equal is positive, off by more than 10% or 50 lines critical, in between negative.
+    # Sizes: within 1% positive, off by more than 50% critical, in between negative.
+    off = abs(lines[0] - line_count) if lines and line_count is not None else None
+    relative = None
+    if sizes and size_bytes is not None:
+        relative = abs(sizes[0] - size_bytes) / size_bytes if size_bytes else float(sizes[0] != 0)
+    return [
+        None if off is None
+        else "line_count_matches" if off == 0
+        else "line_count_mismatch" if off > 50 or off > 0.1 * line_count else "line_count_off",
+        None if relative is None
+        else "size_matches" if relative <= 0.01 else "size_mismatch" if relative > 0.5 else "size_off",
+    ]
+
+
+def judge_file_op(claim, ev):
+    """{path, exists_before, exists_after, line_count?, size_bytes?, new_path?}: verb vs existence, named paths vs
+    path and new_path, stated totals vs line_count and size_bytes."""
+    toks, low = _words(claim)
+    path, new = ev["path"], ev.get("new_path")
+    quantities = _quantities(low)
+    classes, negated, edits = _file_verbs(low, quantities)
+    verb = next(iter(classes)) if len(classes) == 1 else None
     details = {"claimed_action": verb, "path": path, "new_path": new}
     if len(classes) > 1:
         return ["conflicting_verbs"], details
-    codes, match = ["claim_negated"] * negated, lambda c: _suffix_of(c, path) or bool(new and _suffix_of(c, new))
-    claimed = [c for c in (t[2:] if t.startswith("./") else t for t in toks) if _pathish(c) or match(c)]
-    bad = [c for c in claimed if not match(c)]
-    if verb == "rename" and not new and len(bad) == 1 < len(claimed):
-        bad = []  # the destination: not in evidence
-    order = [not _suffix_of(c, path) for c in claimed]  # for a rename: path (old) named before new_path
-    if verb == "rename" and new and order != sorted(order):
-        bad = claimed
-    codes.append("path_mismatch" if bad else "path_matches" if claimed else "path_not_named")
-    if verb == "rename" and not new:
-        codes.append("new_path_missing")
-    elif verb:
-        want_before, want_after = _FILE_STATES[verb]
-        codes.append(
-            "end_state_mismatch"
-            if ev["exists_after"] != want_after
-            else (
-                "start_state_mismatch"
-                if want_before is not None and ev["exists_before"] != want_before
-                else "existence_matches"
-            )
-        )
-    lines, sizes = ([v for i, k, v in quantities if k == unit and i - 1 not in edits] for unit in ("lines", "bytes"))
-    if lines and ev.get("line_count") is not None:
-        actual, off = ev["line_count"], abs(lines[0] - ev["line_count"])
-        codes.append(
-            "line_count_matches"
-            if off == 0
-            else "line_count_mismatch" if off > 50 or off > 0.1 * actual else "line_count_off"
-        )
-    if sizes and ev.get("size_bytes") is not None:
-        rel = abs(sizes[0] - ev["size_bytes"]) / ev["size_bytes"] if ev["size_bytes"] else float(sizes[0] != 0)
-        codes.append("size_matches" if rel <= 0.01 else "size_mismatch" if rel > 0.5 else "size_off")
+    path_code, claimed = _file_path_code(toks, verb, path, new)
+    lines = [v for i, unit, v in quantities if unit == "lines" and i - 1 not in edits]  # totals, not changes
+    sizes = [v for i, unit, v in quantities if unit == "bytes" and i - 1 not in edits]
+    codes = ["claim_negated" if negated else None, path_code, _existence_code(verb, new, ev)]
+    codes += _count_codes(lines, sizes, ev.get("line_count"), ev.get("size_bytes"))
     details.update(claimed_paths=claimed[:50], claimed_lines=lines[:1], claimed_bytes=sizes[:1])
-    return codes, details
+    return [c for c in codes if c], details
 
 
+# ---- §3.5 api_call -----------------------------------------------------------------------------------------
+
+_URL_KEYS, _EMAIL_KEYS = {"url", "uri", "endpoint", "href"}, {"to", "recipient", "recipients", "email", "cc"}
+
+
+# 'success' or 'failure' when exactly one side has a vote, else None
 _outcome = lambda ok, fail: "success" if ok and not fail else "failure" if fail and not ok else None
 
 
-def _body_outcome(body):  # 'success', 'failure' or None, judged structurally for JSON and by whole words for other text
+def _body_outcome(body):
+    # 'success', 'failure' or None: judged structurally for JSON (an object, or a string holding one) and by whole words
+    # for other text.
     if isinstance(body, str):
         try:
             body = strict_loads(body.encode("utf-8"), exact_ints=False)
@@ -738,70 +862,93 @@ def _body_outcome(body):  # 'success', 'failure' or None, judged structurally fo
     return votes.pop() if len(votes) == 1 else None
 
 
-_URL_KEYS, _EMAIL_KEYS = {"url", "uri", "endpoint", "href"}, {"to", "recipient", "recipients", "email", "cc"}
+def _path_ids(path):
+    # (noun, id) pairs of a URL path: /customers/78 -> ('customer', '78').
+    segments = path.split("/")
+    return {(_singular(a.lower()), b) for a, b in zip(segments, segments[1:]) if _digits(b) and len(b) <= 18}
 
 
-def _request_targets(req, want_ids):  # (emails, {host: paths}, (noun, id) pairs) in target fields
-    emails, urls, ids, whole = set(), {}, set(), isinstance(req, str)
-    for key, text in [("", req)] if whole else _MEMBER.findall(json.dumps(req, ensure_ascii=False)):
+def _request_targets(request, want_ids):
+    # (emails, {host: paths}, (noun, id) pairs) in the request's target fields: emails in to, recipient...; URLs in url,
+    # uri...; ids in id-like keys and in those URLs' paths. A string request is all target.
+    emails, urls, ids = set(), {}, set()
+    whole = isinstance(request, str)
+    members = [("", request)] if whole else _MEMBER.findall(json.dumps(request, ensure_ascii=False))
+    for key, text in members:
         low, text = key.lower(), text.strip('"')
         if whole or low in _EMAIL_KEYS:
-            emails.update(filter(None, map(_email, _tokens(text))))  # Eve <eve@x.com>
-        for host, path in filter(None, (_host_path(*m) for m in _URLS.findall(text) if whole or low in _URL_KEYS)):
-            urls.setdefault(host, set()).add(path)
-            segs = path.split("/") if want_ids else ()  # /customers/78 -> customer 78, if the claim names an id
-            ids.update((_singular(a.lower()), b) for a, b in zip(segs, segs[1:]) if _digits(b) and len(b) <= 18)
+            emails.update(filter(None, map(_email, _tokens(text))))  # 'Eve <eve@x.com>'
+        if whole or low in _URL_KEYS:
+            for host, path in filter(None, (_host_path(*m) for m in _URLS.findall(text))):
+                urls.setdefault(host, set()).add(path)
+                if want_ids:
+                    ids.update(_path_ids(path))
         if (low == "id" or low.endswith("_id") or key.endswith("Id")) and _digits(text) and len(text) <= 18:
             ids.add((_singular(low[:-2].rstrip("_")), str(int(text))))
-    return emails, urls, ids | (_claim_ids([t.lower() for t in _tokens(req)]) if whole and want_ids else set())
+    if whole and want_ids:
+        ids |= _claim_ids([t.lower() for t in _tokens(request)])
+    return emails, urls, ids
 
 
-def judge_api_call(claim, ev):  # intent vs status class and body; targets vs the request
-    toks, low = _words(claim)
-    ok, negated = _verb_classes(low, dict.fromkeys(_OK_WORDS, "ok"))  # 'was not sent' is a failure
-    intent = _outcome(ok, negated or not _FAIL_WORDS.isdisjoint(low))
-    status, body, codes = ev["response_status"], _body_outcome(ev.get("response_body")), []
-    details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
-    if intent and (status >= 400 or 200 <= status < 300):
-        codes.append(
-            "status_matches_claim"
-            if (status < 400) == (intent == "success")
-            else "status_failure" if intent == "success" else "status_contradicts_failure_claim"
-        )
-    if intent and body:
-        codes.append(
-            "body_matches_claim"
-            if body == intent
-            else "body_failure" if body == "failure" else "body_contradicts_failure_claim"
-        )
-    emails, urls, ids = _request_targets(ev.get("request") or {}, bool(claim_ids := _claim_ids(low)))
+def _target_code(toks, claimed_ids, targets):
+    # Emails, URLs and ids the claim names against the request's targets; the worst result is the code.
+    emails, urls, ids = targets
+
     code = lambda hit, others: "target_matches" if hit else "target_mismatch" if others else "target_not_in_request"
     results = {code(e in emails, emails) for e in filter(None, map(_email, toks))}
     results |= {code(p in urls.get(h, ()) or not p and h in urls, urls) for h, p in filter(None, map(_url, toks))}
-    for noun, n in claim_ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
+    for noun, n in claimed_ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
         same = {m for k, m in ids if not (k and noun) or k == noun}
         results.add(code(n in same, same))
-    codes += [c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results][:1]
-    return codes, details
+    return next((c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results), None)
 
 
-def judge_generic(claim, ev):  # conservative: entity matches; explicit KEY is VALUE conflicts
-    text = json.dumps(ev, ensure_ascii=False).lower()  # ": " keeps values apart from their keys
-    have, raw = set(_TOKEN.findall(text)), _TOKEN.findall(claim)
-    toks, ents, stated, values = [_strip(t) for t in raw], set(), {}, {}
-    low = [t.lower() for t in toks]
-    for t in toks:  # numbers below 10 ('3 databases', '0 errors') match by chance: not entities
+def judge_api_call(claim, ev):
+    """{request, response_status, response_body}: the claimed success or failure against the status class and the
+    body; the emails, URLs and ids the claim names against the request's targets."""
+    toks, low = _words(claim)
+    ok, negated = _verb_classes(low, dict.fromkeys(_OK_WORDS, "ok"))  # 'was not sent' is a failure
+    intent = _outcome(ok, negated or not _FAIL_WORDS.isdisjoint(low))
+    status, body = ev["response_status"], _body_outcome(ev.get("response_body"))
+    details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
+    claimed_ids = _claim_ids(low)
+    targets = _request_targets(ev.get("request") or {}, bool(claimed_ids))
+    codes = [
+        # the status class against the claimed outcome (1xx and 3xx say nothing)
+        None if not intent or 300 <= status < 400 or status < 200
+        else "status_matches_claim" if (status < 400) == (intent == "success")
+        else "status_failure" if intent == "success" else "status_contradicts_failure_claim",
+        None if not intent or not body
+        else "body_matches_claim" if body == intent
+        else "body_failure" if body == "failure" else "body_contradicts_failure_claim",
+        _target_code(toks, claimed_ids, targets),
+    ]
+    return [c for c in codes if c], details
+
+
+# ---- §3.6 generic ------------------------------------------------------------------------------------------
+
+_FILLERS = frozenset("not no now still also the a an being set already currently".split())  # never a stated value
+
+
+def _claim_entities(toks):
+    # Distinct normalised entities: numbers of 10 or more (smaller ones match by chance: '3 databases', '0 errors'),
+    # emails, URLs, paths and identifiers; never true, false or null.
+    entities = set()
+    for t in toks:
         n = _number(t)
-        if (
-            (n or 0) >= 10
-            or n is None
-            and t.lower() not in ("true", "false", "null")
-            and (_email(t) or _url(t) or _pathish(t) or _identifier(t))
-        ):
-            ents.add(_es_number(n) if n is not None else t.lower())
-    matched = [e for e in ents if any(e + s in have for s in ("", ".", ",", ":", "/", "!", "?"))]
-    codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
-    fillers = {"not", "no", "now", "still", "also", "the", "a", "an", "being", "set", "already", "currently"}
+        if n is not None:
+            if n >= 10:
+                entities.add(_es_number(n))
+        elif t.lower() not in ("true", "false", "null") and (_email(t) or _url(t) or _pathish(t) or _identifier(t)):
+            entities.add(t.lower())
+    return entities
+
+
+def _stated_values(raw, toks):
+    # key -> the values the claim states for it ('KEY is/was/are/were/= VALUE', 'KEY: VALUE', 'KEY=VALUE'), keys in
+    # lower case; at most 32 keys, so the work is bounded however long the claim.
+    stated = {}
     for i, t in enumerate(raw[:-1]):
         key = val = None
         if t.endswith(":") and len(t) > 1:
@@ -810,59 +957,93 @@ def judge_generic(claim, ev):  # conservative: entity matches; explicit KEY is V
             key, val = toks[i], toks[i + 2]
         elif "=" in t.strip("="):
             key, val = t.partition("=")[0], _strip(t.partition("=")[2])
-        if (
-            key
-            and val
-            and val.lower() not in fillers
-            and key.replace("_", "a").replace("-", "a").isalnum()
-            and (key.lower()[:64] in stated or len(stated) < 32)
-        ):
-            stated.setdefault(key.lower()[:64], set()).add(val.lower())
-    wanted = [k for k in list(stated) + list(_STATUS_KEYS) if '"%s": ' % k in text]  # keys the evidence has
-    for key, v in _MEMBER.findall(text) if wanted else ():  # one pass: the values of the claim's and status keys
-        if v and v[0] != "[" and (key in stated or key in _STATUS_KEYS):
-            values.setdefault(key, []).append(v.strip('"'))
-    for key, claimed in stated.items():  # one code per key, however often the claim states it
-        found, same = values.get(key, [])[:100], set()
-        for val, num in ((val, _number(val)) for val in claimed):  # numbers meet numbers, words strings and literals
-            typed = [v for v in found if (_number(v) is None) == (num is None)]
-            if typed:
-                same.add(any(v == val or num is not None and _es_number(_number(v)) == _es_number(num) for v in typed))
-        if same:
-            codes.append("explicit_value_conflict" if False in same else "explicit_value_match")
-    if _FAIL_WORDS.isdisjoint(low) and any(v.strip() in _STATUS_FAIL for k in _STATUS_KEYS for v in values.get(k, ())):
+        if not key or not val or val.lower() in _FILLERS or not key.replace("_", "a").replace("-", "a").isalnum():
+            continue
+        name = key.lower()[:64]
+        if name in stated or len(stated) < 32:
+            stated.setdefault(name, set()).add(val.lower())
+    return stated
+
+
+def _evidence_values(text, keys):
+    # key -> the scalar value texts that json.dumps text (lower case) has for any of keys, at any depth.
+    values = {}
+    if not any('"%s": ' % k in text for k in keys):  # a substring test first: most evidence has none of them
+        return values
+    for key, value in _MEMBER.findall(text):  # one pass, in C
+        if value and value[0] != "[" and key in keys:
+            values.setdefault(key, []).append(value.strip('"'))
+    return values
+
+
+def _value_code(claimed, found):
+    # One code for a key, however often the claim states it: numbers meet numbers, words strings and literals.
+    same = set()
+    for val in claimed:
+        num = _number(val)
+        typed = [v for v in found if (_number(v) is None) == (num is None)]
+        if typed:
+            same.add(any(v == val or num is not None and _es_number(_number(v)) == _es_number(num) for v in typed))
+    if not same:
+        return None
+    return "explicit_value_conflict" if False in same else "explicit_value_match"
+
+
+def judge_generic(claim, ev):
+    """Any object, judged conservatively: at least 3 distinct entities found, values the claim states for keys
+    (KEY is VALUE) against the evidence's, and a failure word in a status key."""
+    text = json.dumps(ev, ensure_ascii=False).lower()  # ": " keeps values apart from their keys
+    raw = _TOKEN.findall(claim)
+    toks = [_strip(t) for t in raw]
+    low = [t.lower() for t in toks]
+    have = set(_TOKEN.findall(text))
+    endings = ("", ".", ",", ":", "/", "!", "?")  # what may follow a value in json.dumps text or prose
+    matched = [e for e in _claim_entities(toks) if any(e + s in have for s in endings)]
+    codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
+    stated = _stated_values(raw, toks)
+    values = _evidence_values(text, set(stated) | _STATUS_KEYS)
+    for key, claimed in stated.items():
+        codes.append(_value_code(claimed, values.get(key, [])[:100]))
+    reports_failure = any(v.strip() in _STATUS_FAIL for k in _STATUS_KEYS for v in values.get(k, ()))
+    if reports_failure and _FAIL_WORDS.isdisjoint(low):
         codes.append("evidence_reports_failure")
-    return codes + ["claim_negated"] * (not _NOT.isdisjoint(low)), {"entities_matched": len(matched)}
+    if not _NOT.isdisjoint(low):
+        codes.append("claim_negated")
+    return [c for c in codes if c], {"entities_matched": len(matched)}
 
 
-_COUNT = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
-_STR, _BOOL = lambda v: isinstance(v, str) and v != "", lambda v: isinstance(v, bool)
-# kind -> ({field: (type check, length bound)}, groups of fields: the evidence needs one complete group)
-EVIDENCE = {
+# ---- §3.7 Evidence checks, dispatch, judgement -------------------------------------------------------------
+
+
+# type checks of evidence fields
+_count = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
+_nonempty_str = lambda v: isinstance(v, str) and v != ""
+_bool = lambda v: isinstance(v, bool)
+EVIDENCE = {  # kind -> ({field: (type check, length bound)}, groups of fields: the evidence needs one complete group)
     "code_diff": ({"diff": (lambda v: isinstance(v, str), "diff_chars")}, [("diff",)]),
     "db_op": (
         {
-            "before_count": (_COUNT, None),
-            "after_count": (_COUNT, None),
-            "affected_rows": (_COUNT, None),
-            "operation": (_STR, "operation_chars"),
+            "before_count": (_count, None),
+            "after_count": (_count, None),
+            "affected_rows": (_count, None),
+            "operation": (_nonempty_str, "operation_chars"),
         },
         [("before_count", "after_count"), ("affected_rows",), ("operation",)],
     ),
     "file_op": (
         {
-            "path": (_STR, "path_chars"),
-            "new_path": (_STR, "path_chars"),
-            "exists_before": (_BOOL, None),
-            "exists_after": (_BOOL, None),
-            "line_count": (_COUNT, None),
-            "size_bytes": (_COUNT, None),
+            "path": (_nonempty_str, "path_chars"),
+            "new_path": (_nonempty_str, "path_chars"),
+            "exists_before": (_bool, None),
+            "exists_after": (_bool, None),
+            "line_count": (_count, None),
+            "size_bytes": (_count, None),
         },
         [("path", "exists_before", "exists_after")],
     ),
     "api_call": (
         {
-            "response_status": (lambda v: _COUNT(v) and 100 <= v <= 599, None),
+            "response_status": (lambda v: _count(v) and 100 <= v <= 599, None),
             "request": (lambda v: isinstance(v, (str, dict)), "request_chars"),
         },
         [("response_status",)],
@@ -871,15 +1052,17 @@ EVIDENCE = {
 }
 
 
-def check_evidence(kind, ev):  # a code when the evidence cannot be judged as kind; null is absent
+def check_evidence(kind, ev):
+    """A code when the evidence cannot be judged as kind (wrong type, too large, fields missing), else None.
+    A null field is absent."""
     fields, groups = EVIDENCE[kind]
-    for name, (ok, bound) in fields.items():
+    for name, (type_ok, bound) in fields.items():
         v = ev.get(name)
-        if v is not None and not ok(v):
+        if v is not None and not type_ok(v):
             return "evidence_invalid"
         if bound and isinstance(v, str) and len(v) > BOUNDS[bound]:
             return "evidence_too_large"
-    return None if any(all(ev.get(f) is not None for f in g) for g in groups) else "evidence_missing_fields"
+    return None if any(all(ev.get(f) is not None for f in group) for group in groups) else "evidence_missing_fields"
 
 
 _JUDGES = {
@@ -889,7 +1072,7 @@ _JUDGES = {
     "api_call": judge_api_call,
     "generic": judge_generic,
 }
-_SHAPES = (
+_SHAPES = (  # dispatch by evidence shape, in this order
     ("code_diff", ("diff",)),
     ("db_op", ("before_count", "after_count", "affected_rows")),
     ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
@@ -897,18 +1080,15 @@ _SHAPES = (
 )
 DISPATCH = (
     ["the kind field, case-insensitive"]
-    + ["any of %s -> %s" % (", ".join(f), k) for k, f in _SHAPES]
+    + ["any of %s -> %s" % (", ".join(fields), kind) for kind, fields in _SHAPES]
     + ["otherwise generic (operation alone never selects db_op)"]
 )
 
 
 def dispatch_kind(evidence, kind=None):
     """The requested kind (case-insensitive), else by evidence shape (null is absent, as for checks)."""
-    return (
-        kind.lower()
-        if kind
-        else next((k for k, fs in _SHAPES if any(evidence.get(f) is not None for f in fs)), "generic")
-    )
+    shaped = (k for k, fields in _SHAPES if any(evidence.get(f) is not None for f in fields))
+    return kind.lower() if kind else next(shaped, "generic")
 
 
 def judge(kind, claim, evidence):
@@ -918,13 +1098,16 @@ def judge(kind, claim, evidence):
         codes, details = ([bad], {}) if bad else _JUDGES[kind](claim, evidence)
         codes = codes or ["no_signal"]
         return (codes, details) + decide(codes)
-    except Exception:
+    except Exception:  # a misspelt code (KeyError in decide) or any bug: answered, signed, never dropped
         return ["verifier_error"], {}, "unsafe_to_verify", 0.0
 
 
-# ---- §4 Receipts (pure given a key ring) -------------------------------------------------------------------------
-RECEIPT_FIELDS = collections.OrderedDict(
-    [  # field -> what it holds (GET /spec documents each)
+# ============================================================================================================
+# §4 Receipts (pure given a key ring)
+# ============================================================================================================
+
+RECEIPT_FIELDS = collections.OrderedDict(  # field -> what it holds (GET /spec documents each)
+    [
         ("schema", "\"verify_action_receipt.v0\"."),
         ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8."),
         ("evidence_manifest_hash", "\"sha256:\" + hex SHA-256 of the RFC 8785 canonical JSON of evidence."),
@@ -949,9 +1132,12 @@ RECEIPT_FIELDS = collections.OrderedDict(
         ),
     ]
 )
+_KID_PUNCTUATION = {ord(c): "a" for c in "-_."}  # allowed in a kid besides letters and digits
 
 
-class KeyRing(object):  # HMAC keys by kid: the last key signs new receipts, every key verifies
+class KeyRing(object):
+    """HMAC keys by kid: the last key signs new receipts, every key verifies."""
+
     def __init__(self, pairs, ephemeral=False):
         if not pairs:
             raise ValueError("the key ring has no keys")
@@ -959,40 +1145,52 @@ class KeyRing(object):  # HMAC keys by kid: the last key signs new receipts, eve
 
     @classmethod
     def parse(cls, text, allow_empty=False):
-        """Parse 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError."""
+        # Parse 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError.
         pairs = []
-        for n, line in enumerate(text.splitlines(), 1):
-            parts = line.split("#", 1)[0].split()
-            try:
-                key = base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)) if len(parts) == 2 else b""
+        for number, line in enumerate(text.splitlines(), 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            kid = fields[0]
+            try:  # base64url, padding optional
+                key = base64.urlsafe_b64decode(fields[1] + "=" * (-len(fields[1]) % 4)) if len(fields) == 2 else b""
             except (ValueError, TypeError):
                 key = b""
-            kid_ok = parts and parts[0].isascii() and parts[0].translate({ord(c): "a" for c in "-_."}).isalnum()
-            if parts and (len(key) < 32 or not kid_ok or len(parts[0]) > 64 or parts[0] in dict(pairs)):
-                raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % n)
-            pairs += [(parts[0], key)] if parts else []
+            kid_ok = kid.isascii() and kid.translate(_KID_PUNCTUATION).isalnum() and len(kid) <= 64
+            if len(key) < 32 or not kid_ok or kid in dict(pairs):
+                raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % number)
+            pairs.append((kid, key))
         return cls(pairs) if pairs or not allow_empty else None
 
     @classmethod
-    def generate(cls):  # a one-process key ring: its receipts cannot be verified after a restart
+    def generate(cls):
+        # A one-process key ring: its receipts cannot be verified after a restart.
         return cls([("ephemeral-" + secrets.token_hex(4), secrets.token_bytes(32))], ephemeral=True)
 
-    def mac(self, kid, body):  # the signature field of a receipt body (without signature) under key kid
+    def mac(self, kid, body):
+        # The signature field of a receipt body (without signature) under key kid.
         data = _jcs(body).encode("utf-8")  # small, and its confidence is a float: the exact path directly
         return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], data, hashlib.sha256).digest())
 
 
+def _request_json(request, evidence_json):
+    # Canonical JSON of the whole request, reusing the evidence's. Its keys are ASCII field names, so sorted() is JCS
+    # order.
+    members = (
+        b'"%s":%s' % (k.encode(), evidence_json if k == "evidence" else canonical_json(request[k]))
+        for k in sorted(request)
+    )
+    return b"{" + b",".join(members) + b"}"
+
+
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now):
     """A signed receipt for one judged request (request: the object as received, already validated)."""
-    ev = canonical_json(request["evidence"])  # the request's keys are ASCII field names: sorted() is JCS order
-    whole = b"{%s}" % b",".join(
-        b'"%s":%s' % (k.encode(), ev if k == "evidence" else canonical_json(request[k])) for k in sorted(request)
-    )
+    evidence_json = canonical_json(request["evidence"])
     body = {
         "schema": SCHEMA,
         "claim_hash": _sha(request["claim"].encode("utf-8")),
-        "evidence_manifest_hash": _sha(ev),
-        "request_hash": _sha(whole),
+        "evidence_manifest_hash": _sha(evidence_json),
+        "request_hash": _sha(_request_json(request, evidence_json)),
         "verifier_id": "verify_action.py@" + VERSION,
         "verifier_method": "rule_based." + kind,
         "verdict": verdict,
@@ -1007,23 +1205,28 @@ def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, no
     return dict(body, signature=keyring.mac(keyring.kid, body))
 
 
-def verify_receipt(receipt, keyring):  # (valid, ok|malformed|unsupported_schema|unknown_kid|bad_signature, kid)
+def verify_receipt(receipt, keyring):
+    """(valid, reason, kid): reason is ok, malformed, unsupported_schema, unknown_kid or bad_signature."""
     if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS):
         return False, "malformed", None
-    kid, sig = receipt["kid"], receipt["signature"]
-    if not isinstance(kid, str) or not isinstance(sig, str) or not sig.startswith("hmac-sha256:"):
+    kid, signature = receipt["kid"], receipt["signature"]
+    if not isinstance(kid, str) or not isinstance(signature, str) or not signature.startswith("hmac-sha256:"):
         return False, "malformed", None
     if receipt["schema"] != SCHEMA or kid not in keyring.keys:
         return False, "unsupported_schema" if receipt["schema"] != SCHEMA else "unknown_kid", kid
     try:
         expected = keyring.mac(kid, {k: v for k, v in receipt.items() if k != "signature"})
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # a field that is not JSON (NaN...)
         return False, "malformed", kid
-    ok = hmac.compare_digest(expected.encode("utf-8"), sig.encode("utf-8", "replace"))
-    return ok, "ok" if ok else "bad_signature", kid
+    valid = hmac.compare_digest(expected.encode("utf-8"), signature.encode("utf-8", "replace"))
+    return valid, "ok" if valid else "bad_signature", kid
 
 
-# ---- §5 Key-ring and token files (I/O) ---------------------------------------------------------------------------
+# ============================================================================================================
+# §5 Key-ring and token files (I/O)
+# ============================================================================================================
+
+
 def read_private_file(path, limit=65536, fd=None):
     """Text of a regular file group and others cannot access (else ValueError); reads fd if given."""
     own = fd is None
@@ -1031,7 +1234,8 @@ def read_private_file(path, limit=65536, fd=None):
     try:
         mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
     finally:
-        own and os.close(fd)
+        if own:
+            os.close(fd)
     if not stat.S_ISREG(mode) or mode & 0o077 or len(data) > limit:
         raise ValueError(
             "refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
@@ -1040,43 +1244,53 @@ def read_private_file(path, limit=65536, fd=None):
     return data.decode("utf-8")
 
 
-load_keyring = lambda path: KeyRing.parse(read_private_file(path))  # refusing a file group or others can read
+def load_keyring(path):
+    """The key ring in a file that group and others cannot read (else ValueError)."""
+    return KeyRing.parse(read_private_file(path))
 
 
 def keygen(path):
     """Create the key ring (O_CREAT|O_EXCL, 0600) or append through one checked O_NOFOLLOW descriptor; the kid."""
     kid = "k" + time.strftime("%Y%m%d", time.gmtime()) + "-" + secrets.token_hex(3)
-    line, flags = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32))), getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd, old = os.open(path, flags | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
+    line, cloexec = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32))), getattr(os, "O_CLOEXEC", 0)
+    try:  # a new file never exists with a wider mode
+        fd, old = os.open(path, cloexec | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
     except FileExistsError:
-        fd, old = os.open(path, flags | os.O_RDWR | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)), ""
+        fd, old = os.open(path, cloexec | os.O_RDWR | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)), ""
     try:
-        old = old if old is None else read_private_file(path, fd=fd)
-        if old:
+        if old is None:
+            prefix = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
+        else:
+            old = read_private_file(path, fd=fd)  # the file written is the file checked
             KeyRing.parse(old, allow_empty=True)  # never append to a file that does not load
-        head = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
-        os.write(fd, ((head if old is None else "" if old.endswith("\n") or not old else "\n") + line).encode("ascii"))
+            prefix = "" if old.endswith("\n") or not old else "\n"
+        os.write(fd, (prefix + line).encode("ascii"))
     finally:
         os.close(fd)
     return kid
 
 
-# ---- §6 Request validation and strict JSON -----------------------------------------------------------------------
-class RequestError(ValueError):  # a refusal: code (snake_case or JSON-RPC number), message (never input), status
+# ============================================================================================================
+# §6 Request validation and strict JSON
+# ============================================================================================================
+
+
+class RequestError(ValueError):
+    """A refusal: code (snake_case, or a JSON-RPC number), message (never input), HTTP status and headers."""
+
     def __init__(self, code, message, status=400, headers=()):
         ValueError.__init__(self, message)
         self.code, self.message, self.status, self.headers = code, message, status, list(headers)
 
 
 _DIGIT_MASK = bytes(48 if 48 <= b < 58 else 32 for b in range(256))  # digits -> '0', other bytes -> ' '
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: the two parts never overlap
 _DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # opening +1, closing -1 as signed bytes
 _NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 MAX_INT = 2**53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
 
 
 def need(ok, code, message):
+    # Raise RequestError(code, message) unless ok.
     if not ok:
         raise RequestError(code, message)
 
@@ -1086,8 +1300,38 @@ def _bad_json(message):
 
 
 def _exact_int(s):
-    v = int(s) if len(s) <= 17 else MAX_INT + 1
-    return v if -MAX_INT <= v <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+    value = int(s) if len(s) <= 17 else MAX_INT + 1
+    return value if -MAX_INT <= value <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+
+
+def _json_value(text, long_ints):
+    # json.loads(text) refusing NaN and Infinity, and integers beyond 2^53 when long_ints may hold one.
+    collecting = gc.isenabled()  # 1 MiB can hold 500k containers, none in a cycle: collecting then is waste
+    gc.disable()
+    try:
+        refuse_constant = lambda name: _bad_json("NaN and Infinity are not JSON")
+        return json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=refuse_constant)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _refuse_duplicate_keys(text, again):
+    # A duplicate key leaves fewer ':' outside strings in the re-encoded text. Without \u escapes (\u003a), strings hold
+    # as many ':' in both texts, so plain counts do.
+    if "\\u" in text:
+        text, again = _JSON_STRING.sub("", text), _JSON_STRING.sub("", again)
+    if text.count(":") != again.count(":"):
+        _bad_json("duplicate object key")
+
+
+def _refuse_deep_nesting(text):
+    # Depth above MAX_DEPTH: the running depth over the brackets outside strings, counted in C.
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    steps = _JSON_STRING.sub("", text).encode("utf-8").translate(_DEPTH_STEP, _NOT_BRACKETS)
+    if max(itertools.accumulate(memoryview(steps).cast("b"))) > MAX_DEPTH:
+        _bad_json("nesting deeper than %d" % MAX_DEPTH)
 
 
 def strict_loads(raw, exact_ints=True):
@@ -1095,16 +1339,7 @@ def strict_loads(raw, exact_ints=True):
     try:
         text = raw.decode("utf-8")
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
-        collecting = gc.isenabled()  # 1 MiB can hold 500k containers, none in a cycle: collecting then is waste
-        gc.disable()
-        try:
-            value = json.loads(
-                text,
-                parse_int=_exact_int if long_ints else None,
-                parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
-            )
-        finally:
-            collecting and gc.enable()
+        value = _json_value(text, long_ints)
         again = json.dumps(value, ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"))
         again.encode("utf-8")  # a lone surrogate cannot be encoded
     except RequestError:
@@ -1114,118 +1349,90 @@ def strict_loads(raw, exact_ints=True):
     except RecursionError:
         _bad_json("nesting deeper than %d" % MAX_DEPTH)
     except ValueError as e:
-        _bad_json(
-            "%s (at character %s)"
-            % (
-                "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON"),
-                getattr(e, "pos", "?"),
-            )
-        )
-    # a duplicate key leaves fewer ':' outside strings; without \u escapes (\u003a) strings hold as many in both
-    if (
-        (text.count(":") != again.count(":"))
-        if "\\u" not in text
-        else (_JSON_STRING.sub("", text).count(":") != _JSON_STRING.sub("", again).count(":"))
-    ):
-        _bad_json("duplicate object key")
-    if text.count("[") + text.count("{") > MAX_DEPTH:  # one linear pass: the running depth, counted in C
-        steps = _JSON_STRING.sub("", text).encode("utf-8").translate(_DEPTH_STEP, _NOT_BRACKETS)
-        if max(itertools.accumulate(memoryview(steps).cast("b"))) > MAX_DEPTH:
-            _bad_json("nesting deeper than %d" % MAX_DEPTH)
+        problem = "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON")
+        _bad_json("%s (at character %s)" % (problem, getattr(e, "pos", "?")))
+    _refuse_duplicate_keys(text, again)
+    _refuse_deep_nesting(text)
     return value
 
 
-def validate_request(obj):  # a /verify body or MCP arguments, checked; RequestError, never truncation
+def _valid_caller_context(cc):
+    # At most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null.
+    scalar = lambda v: v is None or isinstance(v, (bool, int, float)) or isinstance(v, str) and len(v) <= MAX_CALLER_STR
+    small = isinstance(cc, dict) and len(cc) <= MAX_CALLER_KEYS
+    return small and all(0 < len(k) <= MAX_CALLER_STR and scalar(v) for k, v in cc.items())
+
+
+def validate_request(obj):
+    """A /verify body or MCP arguments, checked: RequestError on the first problem, never truncation."""
     need(isinstance(obj, dict), "invalid_request", "the request must be a JSON object")
     need(not set(obj) - set(REQUEST_FIELDS), "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
-    claim, kind, ctx, cc = obj.get("claim"), obj.get("kind"), obj.get("context"), obj.get("caller_context")
+    claim, kind, context, caller = obj.get("claim"), obj.get("kind"), obj.get("context"), obj.get("caller_context")
     need(isinstance(claim, str) and claim.strip(), "invalid_claim", "claim must be a non-empty string")
     need(len(claim) <= MAX_CLAIM, "claim_too_long", "claim is longer than %d characters" % MAX_CLAIM)
     need(isinstance(obj.get("evidence"), dict), "invalid_evidence", "evidence must be a JSON object")
     need(kind is None or (isinstance(kind, str) and kind.lower() in KINDS), "unknown_kind", "kind: " + ", ".join(KINDS))
-    need(ctx is None or isinstance(ctx, str), "invalid_context", "context must be a string")
-    need(ctx is None or len(ctx) <= MAX_CONTEXT, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
+    need(context is None or isinstance(context, str), "invalid_context", "context must be a string")
+    context_ok = context is None or len(context) <= MAX_CONTEXT
+    need(context_ok, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
     need(
-        cc is None
-        or (
-            isinstance(cc, dict)
-            and len(cc) <= MAX_CALLER_KEYS
-            and all(
-                0 < len(k) <= MAX_CALLER_STR
-                and (
-                    v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= MAX_CALLER_STR)
-                )
-                for k, v in cc.items()
-            )
-        ),
+        caller is None or _valid_caller_context(caller),
         "invalid_caller_context",
         "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null",
     )
     return obj
 
 
-# ---- §7 The service: /verify, receipts and MCP handlers, shared by HTTP and stdio --------------------------------
+# ============================================================================================================
+# §7 The service: /verify, receipts and MCP handlers, shared by HTTP and stdio
+# ============================================================================================================
+
 _EVIDENCE_DOC = (
     "code_diff {diff}; db_op {before_count, after_count, operation, affected_rows}; file_op {path, "
     "exists_before, exists_after, line_count?, size_bytes?, new_path?}; api_call {request, "
     "response_status, response_body}; generic: any object."
 )
-_S, _O, _TITLE = {"type": "string"}, {"type": "object"}, "Verify an agent's claimed action"
-_RESPONSE_FIELDS = (
-    "aar_verdict",
-    "verdict",
-    "confidence",
-    "reason_codes",
-    "reasoning",
-    "kind_dispatched",
-    "verifier_used",
-    "details",
-    "receipt",
+_STRING, _OBJECT, _TITLE = {"type": "string"}, {"type": "object"}, "Verify an agent's claimed action"
+_RESPONSE_SCHEMA = collections.OrderedDict(  # the /verify response: field -> JSON schema
+    [
+        ("aar_verdict", dict(_STRING, enum=list(VERDICTS))),
+        ("verdict", dict(_STRING, enum=list(LEGACY.values()))),
+        ("confidence", {"type": "number", "minimum": 0, "maximum": 1}),
+        ("reason_codes", {"type": "array", "items": _STRING}),
+        ("reasoning", _STRING),
+        ("kind_dispatched", dict(_STRING, enum=list(KINDS))),
+        ("verifier_used", _STRING),
+        ("details", _OBJECT),
+        ("receipt", _OBJECT),
+    ]
 )
 TOOL = {
     "name": "verify_action",
     "title": _TITLE,
     "annotations": {"title": _TITLE, "readOnlyHint": True, "idempotentHint": False, "openWorldHint": False},
-    "description": "Check whether a claim about an action (code "
-    "change, database operation, file operation, API call, or anything else) is consistent with the evidence "
-    "supplied, using deterministic rules; returns a verdict, reason codes and a signed receipt. It fetches "
-    "nothing, so a receipt never proves the claim true.",
+    "description": (
+        "Check whether a claim about an action (code change, database operation, file operation, API call, or "
+        "anything else) is consistent with the evidence supplied, using deterministic rules; returns a verdict, "
+        "reason codes and a signed receipt. It fetches nothing, so a receipt never proves the claim true."
+    ),
     "inputSchema": {
         "type": "object",
         "required": ["claim", "evidence"],
         "additionalProperties": False,
         "properties": {
-            "claim": dict(_S, minLength=1, maxLength=MAX_CLAIM),
-            "evidence": dict(_O, description=_EVIDENCE_DOC),
-            "kind": dict(_S, enum=list(KINDS)),
-            "context": dict(_S, maxLength=MAX_CONTEXT),
-            "caller_context": dict(_O, description="At most 8 scalar values; keys and " "strings <= 64 characters."),
+            "claim": dict(_STRING, minLength=1, maxLength=MAX_CLAIM),
+            "evidence": dict(_OBJECT, description=_EVIDENCE_DOC),
+            "kind": dict(_STRING, enum=list(KINDS)),
+            "context": dict(_STRING, maxLength=MAX_CONTEXT),
+            "caller_context": dict(_OBJECT, description="At most 8 scalar values; keys and strings <= 64 characters."),
         },
     },
-    "outputSchema": dict(
-        _O,
-        required=list(_RESPONSE_FIELDS),
-        properties=dict(
-            zip(
-                _RESPONSE_FIELDS,
-                (
-                    dict(_S, enum=list(VERDICTS)),
-                    dict(_S, enum=list(LEGACY.values())),
-                    {"type": "number", "minimum": 0, "maximum": 1},
-                    {"type": "array", "items": _S},
-                    _S,
-                    dict(_S, enum=list(KINDS)),
-                    _S,
-                    _O,
-                    _O,
-                ),
-            )
-        ),
-    ),
+    "outputSchema": dict(_OBJECT, required=list(_RESPONSE_SCHEMA), properties=dict(_RESPONSE_SCHEMA)),
 }
 
 
-def rules_document():  # GET /rules: decision, dispatch order, rules, bounds, every reason code
+def rules_document():
+    """GET /rules: the decision, dispatch order, evidence fields, verbs, bounds and every reason code."""
     return {
         "decision": DECISION,
         "confidence": CONFIDENCE,
@@ -1237,7 +1444,8 @@ def rules_document():  # GET /rules: decision, dispatch order, rules, bounds, ev
     }
 
 
-def spec_document():  # GET /spec: tool schema, kinds, verdicts, receipt fields, canonical form
+def spec_document():
+    """GET /spec: tool schema, kinds, verdicts, receipt fields, the canonical form, limits, endpoints."""
     return {
         "name": "verify_action.py",
         "version": VERSION,
@@ -1250,11 +1458,12 @@ def spec_document():  # GET /spec: tool schema, kinds, verdicts, receipt fields,
         "receipt": {
             "schema": SCHEMA,
             "fields": RECEIPT_FIELDS,
-            "verify": "POST /receipts/verify {\"receipt\": {}}" " or verify_action.py verify-receipt FILE --key-file F",
-            "canonicalization": "RFC 8785 (JCS): "
-            "keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal escapes, UTF-8. "
-            "Numbers are doubles, so a request with an integer beyond +-(2^53 - 1) is refused (400, "
-            "I-JSON, RFC 7493): two such integers could otherwise hash alike.",
+            "verify": "POST /receipts/verify {\"receipt\": {}} or verify_action.py verify-receipt FILE --key-file F",
+            "canonicalization": (
+                "RFC 8785 (JCS): keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal "
+                "escapes, UTF-8. Numbers are doubles, so a request with an integer beyond +-(2^53 - 1) is refused "
+                "(400, I-JSON, RFC 7493): two such integers could otherwise hash alike."
+            ),
         },
         "limits": {
             "claim_chars": MAX_CLAIM,
@@ -1262,17 +1471,19 @@ def spec_document():  # GET /spec: tool schema, kinds, verdicts, receipt fields,
             "json_depth": MAX_DEPTH,
             "integer_magnitude_max": MAX_INT,
         },
-        "endpoints": ["%s %s" % (m, p) for p, m in ROUTES.items()],
+        "endpoints": ["%s %s" % (method, path) for path, method in ROUTES.items()],
         "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]},
     }
 
 
 _rpc_error = lambda msg_id, code, message: {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
-_text = lambda text: {"type": "text", "text": text}
+_text_content = lambda text: {"type": "text", "text": text}
 _json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-class Service(object):  # what HTTP and stdio share: the key ring, the issuer, counters and every handler
+class Service(object):
+    """What HTTP and stdio share: the key ring, the issuer, the counters and every handler."""
+
     def __init__(self, keyring, issuer="verify_action.py", clock=time.time):
         self.keyring, self.issuer, self.clock, self.started = keyring, issuer, clock, clock()
         self._lock = threading.Lock()
@@ -1285,16 +1496,19 @@ class Service(object):  # what HTTP and stdio share: the key ring, the issuer, c
             "errors_by_status": {},
         }
 
-    def count(self, key, sub=None):  # one more in a GET /stats counter (never request content)
+    def count(self, key, sub=None):
+        # One more in a GET /stats counter (never request content).
         with self._lock:
             table, name = (self.counts, key) if sub is None else (self.counts[key], sub)
             table[name] = table.get(name, 0) + 1
 
     def stats(self):
+        # GET /stats: a copy of the counters and the uptime.
         with self._lock:
             return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3))
 
-    def verify(self, request):  # judge a validated request and sign: the /verify response
+    def verify(self, request):
+        # Judge a validated request and sign the result: the /verify response.
         kind = dispatch_kind(request["evidence"], request.get("kind"))
         codes, details, verdict, confidence = judge(kind, request["claim"], request["evidence"])
         unique = list(dict.fromkeys(codes))
@@ -1313,7 +1527,8 @@ class Service(object):  # what HTTP and stdio share: the key ring, the issuer, c
             "receipt": receipt,
         }
 
-    def post(self, path, raw, headers):  # (status, JSON object, or None for an empty 202) for a POST body
+    def post(self, path, raw, headers):
+        # (status, JSON object, or None for an empty 202) for a POST body to path.
         if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
             return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
         try:
@@ -1325,13 +1540,15 @@ class Service(object):  # what HTTP and stdio share: the key ring, the issuer, c
                 return 200, self.verify(validate_request(obj))
             if not isinstance(obj, dict) or set(obj) != {"receipt"} or not isinstance(obj["receipt"], dict):
                 raise RequestError("invalid_request", "the body must be {\"receipt\": {...}}")
-        except RequestError as e:  # over MCP a parse error is a JSON-RPC error, not an HTTP 400
-            error = _rpc_error(None, -32700, "Parse error: " + e.message)
-            return (200, error) if path == "/mcp" else (400, {"error": e.code, "message": e.message})
+        except RequestError as e:
+            if path == "/mcp":  # over MCP a parse error is a JSON-RPC error, not an HTTP 400
+                return 200, _rpc_error(None, -32700, "Parse error: " + e.message)
+            return 400, {"error": e.code, "message": e.message}
         self.count("receipt_checks")
         return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
 
-    def mcp(self, msg, session):  # a JSON-RPC reply or None; session None over HTTP, a dict for stdio
+    def mcp(self, msg, session):
+        # The JSON-RPC reply to a message, or None; session is None over HTTP (stateless), a dict over stdio.
         if isinstance(msg, list):
             if session is None or session.get("version") != "2025-03-26" or not msg:
                 return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
@@ -1360,34 +1577,40 @@ class Service(object):  # what HTTP and stdio share: the key ring, the issuer, c
         if method == "ping":
             return {}
         if method == "initialize":
-            asked = params.get("protocolVersion")
-            need(isinstance(asked, str), -32602, "Invalid params: protocolVersion must be a string")
-            need(session is None or not session.get("version"), -32600, "Invalid Request: already initialized")
-            version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]  # else our newest
-            if session is not None:
-                session["version"] = version
-            return {
-                "protocolVersion": version,
-                "capabilities": {"tools": {"listChanged": False}},
-                "serverInfo": {"name": "verify_action", "title": "verify_action.py", "version": VERSION},
-                "instructions": "Call verify_action with a claim and its evidence before acting on the claim. "
-                "A receipt proves what was judged, never that the claim is true.",
-            }
+            return self._initialize(params, session)
         need(method in ("tools/list", "tools/call"), -32601, "Method not found")
         need(session is None or session.get("version"), -32600, "Invalid Request: not initialized")
-        if method == "tools/list":
-            return {"tools": [TOOL]}
+        return {"tools": [TOOL]} if method == "tools/list" else self._call_tool(params)
+
+    def _initialize(self, params, session):
+        # Negotiate the protocol version: the client's if supported, else our newest.
+        asked = params.get("protocolVersion")
+        need(isinstance(asked, str), -32602, "Invalid params: protocolVersion must be a string")
+        need(session is None or not session.get("version"), -32600, "Invalid Request: already initialized")
+        version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]
+        if session is not None:
+            session["version"] = version
+        return {
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": "verify_action", "title": "verify_action.py", "version": VERSION},
+            "instructions": "Call verify_action with a claim and its evidence before acting on the claim. "
+            "A receipt proves what was judged, never that the claim is true.",
+        }
+
+    def _call_tool(self, params):
         name, args = params.get("name"), params.get("arguments", {})
         need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
         need(name == TOOL["name"], -32602, "Unknown tool")
         try:
             result = self.verify(validate_request(args))
         except RequestError as e:  # a tool execution error, so the model can correct its arguments
-            return {"content": [_text("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
-        return {"content": [_text(_json_text(result))], "structuredContent": result, "isError": False}
+            return {"content": [_text_content("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
+        return {"content": [_text_content(_json_text(result))], "structuredContent": result, "isError": False}
 
 
-def serve_stdio(service, inp, out, max_line=4 << 20):  # MCP over stdio: newline-delimited JSON-RPC until EOF
+def serve_stdio(service, inp, out, max_line=4 << 20):
+    """MCP over stdio: newline-delimited JSON-RPC from inp, replies to out, until EOF or the client goes."""
     session = {}
     for line in iter(lambda: inp.readline(max_line + 1), b""):
         try:
@@ -1406,7 +1629,10 @@ def serve_stdio(service, inp, out, max_line=4 << 20):  # MCP over stdio: newline
             return  # the client has gone
 
 
-# ---- §8 HTTP server: a selector for idle connections, a fixed worker pool, deadlines, routes, the page -----------
+# ============================================================================================================
+# §8 HTTP server: a selector for idle connections, a fixed worker pool, deadlines, routes, the page
+# ============================================================================================================
+
 ROUTES = {
     "/": "GET",
     "/healthcheck": "GET",
@@ -1420,67 +1646,103 @@ ROUTES = {
 _ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}
 _SINGLE = {"content-length", "transfer-encoding", "authorization", "origin", "content-type"}  # never repeated
 _PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
-MAX_HEAD, GRACE, LINGER = 16384, 0.05, 2.0  # GRACE: a worker's wait for a next request; LINGER: discarding on close
-_SCRIPT = """var g=function(i){return document.getElementById(i)};g("f").onsubmit=async function(e){e.preventDefault();
-var o=g("out"),b,h={"Content-Type":"application/json"};try{b={claim:g("claim").value,evidence:JSON.parse(g("evidence")
-.value)}}catch(x){o.textContent="evidence is not JSON";return}if(g("kind").value)b.kind=g("kind").value;if(g("tok")
-.value)h.Authorization="Bearer "+g("tok").value;var r=await fetch("/verify",{method:"POST",headers:h,body:JSON.
-stringify(b)});o.textContent="HTTP "+r.status+"\\n"+JSON.stringify(await r.json(),null,2)};"""
-_STYLE = (
-    "body{font:15px/1.5 sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem}textarea,input,select{width:"
-    "100%;font:13px monospace}td,th{border:1px solid #ccc;padding:.2rem .4rem;text-align:left}"
-)
+# MAX_HEAD: bytes of a request line and headers; GRACE: seconds a worker waits on a quiet keep-alive connection
+# for its next request; LINGER: seconds a closing connection's input is discarded, so the client reads the answer
+# rather than a reset
+MAX_HEAD, GRACE, LINGER = 16384, 0.05, 2.0
+_SCRIPT = """
+var g = function (id) { return document.getElementById(id); };
+g("f").onsubmit = async function (e) {
+  e.preventDefault();
+  var out = g("out"), body, headers = {"Content-Type": "application/json"};
+  try {
+    body = {claim: g("claim").value, evidence: JSON.parse(g("evidence").value)};
+  } catch (x) {
+    out.textContent = "evidence is not JSON";
+    return;
+  }
+  if (g("kind").value) body.kind = g("kind").value;
+  if (g("tok").value) headers.Authorization = "Bearer " + g("tok").value;
+  var r = await fetch("/verify", {method: "POST", headers: headers, body: JSON.stringify(body)});
+  out.textContent = "HTTP " + r.status + "\\n" + JSON.stringify(await r.json(), null, 2);
+};
+"""
+_STYLE = """
+body { font: 15px/1.5 sans-serif; max-width: 62rem; margin: 2rem auto; padding: 0 1rem }
+textarea, input, select { width: 100%; font: 13px monospace }
+td, th { border: 1px solid #ccc; padding: .2rem .4rem; text-align: left }
+"""
+_PAGE = """<!doctype html>
+<html lang=en>
+<head>
+<meta charset=utf-8>
+<meta name=viewport content='width=device-width'>
+<title>verify_action.py</title>
+<style>%(style)s</style>
+</head>
+<body>
+<h1>verify_action.py %(version)s</h1>
+<p>Checks whether an AI agent's <b>claim</b> about an action is consistent with the <b>evidence</b> it supplies,
+with deterministic rules (no model), and signs a <b>receipt</b> of what it judged.</p>
+<h2>What a receipt proves</h2>
+<p>%(proves)s</p>
+<h2>What it does not prove</h2>
+<p>%(not_proves)s</p>
+<h2>Try it</h2>
+<form id=f>
+<p><label>kind <select id=kind><option value=''>(from the evidence shape)</option>%(kinds)s</select></label></p>
+<p><label>claim<textarea id=claim rows=2>Added a check that `user.email` is set in src/user.py</textarea></label></p>
+<p><label>evidence (a JSON object)<textarea id=evidence rows=8>%(example)s</textarea></label></p>
+<p><label>bearer token (only if the service requires one)<input id=tok type=password autocomplete=off></label></p>
+<p><button>Verify</button></p>
+</form>
+<pre id=out></pre>
+<h2>Verdicts</h2>
+<p>%(decision)s %(confidence)s</p>
+<h2>Rules: the reason codes</h2>
+<table>
+<tr><th>code<th>kind<th>signal<th>meaning</tr>
+%(rows)s
+</table>
+<p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>
+<script>%(script)s</script>
+</body>
+</html>
+"""
 _EXAMPLE_DIFF = (
     "diff --git a/src/user.py b/src/user.py\n--- a/src/user.py\n+++ b/src/user.py\n@@ -10,2 +10,4 @@\n"
     " def save(user):\n+    if user.email is None:\n+        raise ValueError(\"no email\")\n"
     "     db.write(user)\n"
 )
-CSP = (
+
+
+_csp_hash = lambda text: "'sha256-%s'" % base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+CSP = (  # only the page's own script and style run; it may only POST to this origin
     "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; base-uri 'none'; "
-    "frame-ancestors 'none'"
-    % tuple("'sha256-%s'" % base64.b64encode(hashlib.sha256(t.encode()).digest()).decode() for t in (_SCRIPT, _STYLE))
+    "frame-ancestors 'none'" % (_csp_hash(_SCRIPT), _csp_hash(_STYLE))
 )
+CSP_HEADER = ("Content-Security-Policy", CSP)
 
 
-def render_page():  # GET /: what a receipt proves and does not, the rules table, a form
+def render_page():
+    """GET /: what a receipt proves and does not, a form to try a request, the rules table."""
     e = html.escape
-    rows = "".join(
+    rows = "\n".join(
         "<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (c, k, _SIGNAL_NAMES[s], e(m))
-        for c, (k, s, m) in sorted(REASONS.items(), key=lambda i: (i[1][0], i[0]))
+        for c, (k, s, m) in sorted(REASONS.items(), key=lambda item: (item[1][0], item[0]))
     )
-    return (
-        "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content='width=device-width'>"
-        "<title>verify_action.py</title><style>%s</style></head><body><h1>verify_action.py %s</h1><p>Checks"
-        " whether an AI agent's <b>claim</b> about an action is consistent with the <b>evidence</b> it supplies,"
-        " with deterministic rules (no model), and signs a <b>receipt</b> of what it judged.</p><h2>What a"
-        " receipt proves</h2><p>%s</p><h2>What it does not prove</h2><p>%s</p><h2>Try it</h2><form id=f><p>"
-        "<label>kind <select id=kind><option value=''>(from the evidence shape)</option>%s</select></label></p>"
-        "<p><label>claim<textarea id=claim rows=2>Added a check that `user.email` is set in"
-        " src/user.py</textarea></label></p><p><label>evidence (a JSON object)<textarea id=evidence rows=8>"
-        "%s</textarea></label></p><p><label>bearer token (only if the service requires one)<input id=tok"
-        " type=password autocomplete=off></label></p><p><button>Verify</button></p></form><pre id=out></pre><h2>"
-        "Verdicts</h2><p>%s %s</p><h2>Rules: the reason codes</h2><table><tr><th>code<th>kind<th>signal<th>"
-        "meaning</tr>%s</table><p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>"
-        "<script>%s</script></body></html>"
-    ) % (
-        _STYLE,
-        VERSION,
-        e(PROVES),
-        e(NOT_PROVES),
-        "".join("<option>%s</option>" % k for k in KINDS),
-        e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)),
-        e(DECISION),
-        e(CONFIDENCE),
-        rows,
-        _SCRIPT,
-    )
-
-
-class _Conn(object):  # a client connection: the selector thread's, except while a worker answers its request
-    head, watched, done = None, False, False  # a POST head whose body is arriving; selector watching; closing
-
-    def __init__(self, sock, now):
-        self.sock, self.buf, self.since = sock, bytearray(), now  # since: phase start
+    return _PAGE % {
+        "style": _STYLE,
+        "version": VERSION,
+        "proves": e(PROVES),
+        "not_proves": e(NOT_PROVES),
+        "kinds": "".join("<option>%s</option>" % k for k in KINDS),
+        "example": e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)),
+        "decision": e(DECISION),
+        "confidence": e(CONFIDENCE),
+        "rows": rows,
+        "script": _SCRIPT,
+    }
 
 
 def _is_loopback(host):
@@ -1490,13 +1752,78 @@ def _is_loopback(host):
         return False
 
 
-def _norm_origin(value):  # an origin in lower case without its scheme's default port (https://x:443 is https://x)
+def _norm_origin(value):
+    # An origin in lower case without its scheme's default port (https://x:443 is https://x).
     v = value.lower() if value else value
     return (
-        v[:-4]
-        if v and v.startswith("https:") and v.endswith(":443")
-        else v[:-3] if v and v.startswith("http:") and v.endswith(":80") else v
+        v[:-4] if v and v.startswith("https:") and v.endswith(":443")
+        else v[:-3] if v and v.startswith("http:") and v.endswith(":80")
+        else v
     )
+
+
+def _allowed_origins(host, port, extra):
+    # The origins whose POSTs are accepted: the service's own (so the form on / works), the --allow-origin ones, and
+    # None (no Origin header: not a browser).
+    loopback = _is_loopback(host)
+    names = ["127.0.0.1", "localhost", "[::1]"] if loopback or host in ("0.0.0.0", "::") else []
+    names += [] if loopback else ["[%s]" % host if ":" in host else host]
+    return {_norm_origin(o) for o in ["http://%s:%d" % (name, port) for name in names] + list(extra)} | {None}
+
+
+def _head_end(buf):
+    # The length of the request head at the start of buf, through its empty line; -1 while incomplete.
+    crlf, lf = buf.find(b"\n\r\n"), buf.find(b"\n\n")
+    return -1 if crlf < 0 and lf < 0 else crlf + 3 if lf < 0 or 0 <= crlf < lf else lf + 2
+
+
+def _parse_head(lines):
+    # (method, path, headers, keep_alive, version) from the lines of a request head; RequestError if malformed.
+    method, _, rest = lines[0].rstrip("\r").partition(" ")
+    target, _, version = rest.partition(" ")
+    if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*")):
+        raise RequestError("bad_request_line", "malformed request line")
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise RequestError("unsupported_http_version", "use HTTP/1.1")
+    headers = {}
+    for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
+        name, colon, value = line.partition(":")
+        name = name.lower()
+        if not colon or name != name.strip() or not name or len(headers) > 99 or name in headers.keys() & _SINGLE:
+            raise RequestError("bad_header", "a malformed, folded or repeated header line")
+        headers[name] = headers[name] + ", " + value.strip() if name in headers else value.strip()
+    connection = headers.get("connection", "").lower()
+    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+    return method, target.split("?", 1)[0], headers, keep_alive, version
+
+
+def _check_content_type(headers):
+    # application/json, in UTF-8 if a charset is given (415 otherwise).
+    mime, *params = headers.get("content-type", "").lower().split(";")
+    charsets = {v.strip().strip('"') for k, _, v in (p.partition("=") for p in params) if k.strip() == "charset"}
+    if mime.strip() != "application/json" or not charsets <= {"utf-8", "utf8"}:
+        raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
+
+
+def _response(status, body, close, ctype="application/json", extra=(), head_only=False, keep10=False):
+    # The bytes of an HTTP/1.1 response; keep10 tells an HTTP/1.0 client that the connection stays open.
+    lines = ["HTTP/1.1 %d %s" % (status, _PHRASES[status]), "Cache-Control: no-store"]
+    lines += ["X-Content-Type-Options: nosniff"]
+    lines += ["Connection: close"] * close + ["Connection: keep-alive"] * keep10
+    lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)] if status != 204 else []
+    head = ("\r\n".join(lines + ["%s: %s" % h for h in extra]) + "\r\n\r\n").encode("latin-1")
+    return head if head_only or status == 204 else head + body
+
+
+class _Conn(object):
+    # A client connection: the selector thread's, except while a worker answers its request.
+
+    # head: a parsed head whose body is still arriving, (method, path, headers, keep, version, length); watched: the
+    # selector watches it for input; done: answered for the last time, input is discarded until the client closes
+    head, watched, done = None, False, False
+
+    def __init__(self, sock, now):
+        self.sock, self.buf, self.since = sock, bytearray(), now  # since: when the current phase began
 
 
 class Server(object):
@@ -1519,22 +1846,16 @@ class Server(object):
         max_conns=1000,
     ):
         self.service, self.workers, self.max_body, self.token = service, workers, max_body, token
-        self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = (
-            read_deadline,
-            idle_timeout,
-            queue_wait,
-            max_conns,
-        )
-        self.sock = socket.create_server(
-            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=512
-        )
+        self.read_deadline, self.idle_timeout, self.queue_wait = read_deadline, idle_timeout, queue_wait
+        self.max_conns = max_conns
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, port), family=family, backlog=512)
         self.sock.setblocking(False)
-        self.port, loopback = self.sock.getsockname()[1], _is_loopback(host)
-        names = ["127.0.0.1", "localhost", "[::1]"] * (loopback or host in ("0.0.0.0", "::"))  # the form on /
-        names += [] if loopback else ["[%s]" % host if ":" in host else host]
-        self.origins = {_norm_origin(o) for o in ["http://%s:%d" % (h, self.port) for h in names] + list(origins)}
-        self.origins.add(None)  # no Origin header: not a browser
+        self.port = self.sock.getsockname()[1]
+        self.origins = _allowed_origins(host, self.port, origins)
+        # the selector, and a socket pair through which workers wake it
         self._sel, (self._wake_r, self._wake_w) = selectors.DefaultSelector(), socket.socketpair()
+        # _ready: (conn, request, queued at) for the workers, under _cv; _returned: connections handed back
         self._ready, self._returned, self._cv = collections.deque(), collections.deque(), threading.Condition()
         self._open, self._stop = 0, False
         self._docs = {
@@ -1543,7 +1864,10 @@ class Server(object):
             "/rules": _json_text(rules_document()).encode("utf-8"),
         }
 
-    def serve_forever(self):  # until shutdown(): this thread becomes the selector thread
+    # ---- the selector thread ---------------------------------------------------------------------------------
+
+    def serve_forever(self):
+        # Serve until shutdown(): this thread becomes the selector thread.
         for i in range(self.workers):
             threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
         self._wake_r.setblocking(False)
@@ -1563,19 +1887,23 @@ class Server(object):
             if time.monotonic() - swept >= 0.25:
                 swept = time.monotonic()
                 self._sweep(swept)
+        self._close_all()
+
+    def shutdown(self):
+        # Stop serve_forever (from another thread); the selector closes the wake socket after _stop.
+        self._wake_w.send(b"x")
+        self._stop = True
+
+    def _close_all(self):
         conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]
         for s in (self._sel, self.sock, self._wake_r, self._wake_w):
-            s.close()  # a worker still busy closes its own
+            s.close()  # a worker still busy closes its own connection
         with self._cv:
             conns += [r[0] for r in self._ready]
-            self._ready.extend((None, None, 0) for _ in range(self.workers))
+            self._ready.extend((None, None, 0) for _ in range(self.workers))  # one stop sign per worker
             self._cv.notify_all()
         for conn in conns + list(self._returned):
             conn.sock.close()
-
-    def shutdown(self):  # stop serve_forever (from another thread); the selector closes the wake socket after _stop
-        self._wake_w.send(b"x")
-        self._stop = True
 
     def _accept(self):
         while True:
@@ -1583,16 +1911,19 @@ class Server(object):
                 sock = self.sock.accept()[0]
             except BlockingIOError:
                 return
-            except OSError:
-                return self._sel.unregister(self.sock)  # no descriptor left (EMFILE): pause, do not spin
+            except OSError:  # no descriptor left (EMFILE): pause accepting until the next sweep, do not spin
+                return self._sel.unregister(self.sock)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn, self._open = _Conn(sock, time.monotonic()), self._open + 1
+            conn = _Conn(sock, time.monotonic())
+            self._open += 1
             if self._open > self.max_conns:
                 self._refuse(conn, "service_unavailable", "too many connections", 503)
             self._advance(conn)
 
-    def _sweep(self, now):  # deadlines: 408, 503, idle and lingering ends; accepting resumes
+    def _sweep(self, now):
+        # Deadlines: 408 for requests not read in time, 503 for requests queued too long, the end of idle and lingering
+        # connections; accepting resumes.
         if self.sock not in self._sel.get_map():
             self._sel.register(self.sock, selectors.EVENT_READ, "accept")
         for conn in [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]:
@@ -1606,7 +1937,8 @@ class Server(object):
         for conn in late:
             self._refuse(conn, "service_unavailable", "busy; retry", 503, advance=True)
 
-    def _watch(self, conn, on):  # have the selector watch conn for input, or stop
+    def _watch(self, conn, on):
+        # Have the selector watch conn for input, or stop.
         if on and not conn.watched:
             self._sel.register(conn.sock, selectors.EVENT_READ, conn)
         elif conn.watched and not on:
@@ -1618,7 +1950,8 @@ class Server(object):
         conn.sock.close()
         self._open -= 1
 
-    def _receive(self, conn):  # part of a request, or input to discard while closing
+    def _receive(self, conn):
+        # Part of a request, or input to discard while closing.
         try:
             data = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -1630,47 +1963,48 @@ class Server(object):
         if not data and (conn.done or data is None or not (conn.buf or conn.head)):
             return self._close(conn)
         if not data:  # half-closed inside a request: say so before closing
-            return self._refuse(
-                conn,
-                "truncated_body" if conn.head else "truncated_request",
-                "the connection closed inside the request",
-                advance=True,
-            )
-        conn.since = time.monotonic() if not conn.buf and conn.head is None else conn.since  # a request starts
+            code = "truncated_body" if conn.head else "truncated_request"
+            return self._refuse(conn, code, "the connection closed inside the request", advance=True)
+        if not conn.buf and conn.head is None:
+            conn.since = time.monotonic()  # a request starts
         conn.buf += data
         self._advance(conn)
 
-    def _advance(self, conn, resumed=False):  # queue conn's whole request, refuse it, or wait (or linger)
-        conn.since = time.monotonic() if resumed and conn.head is None else conn.since
+    def _advance(self, conn, resumed=False):
+        # Queue conn's whole request for a worker, refuse it, or wait for more input (or linger).
+        if resumed and conn.head is None:
+            conn.since = time.monotonic()
         if not conn.done:
             try:
-                req = self._parse(conn)
+                request = self._parse(conn)
             except RequestError as e:
-                req = self._refuse(conn, e.code, e.message, e.status, e.headers)
-            if req is not None:
+                request = self._refuse(conn, e.code, e.message, e.status, e.headers)
+            if request is not None:
                 self._watch(conn, False)
                 with self._cv:
-                    self._ready.append((conn, req, time.monotonic()))
+                    self._ready.append((conn, request, time.monotonic()))
                     self._cv.notify()
                 return
         self._watch(conn, True)
+
+    # ---- the workers -----------------------------------------------------------------------------------------
 
     def _work(self):
         while True:
             with self._cv:
                 while not self._ready:
                     self._cv.wait()
-                conn, req, _ = self._ready.popleft()
+                conn, request, _ = self._ready.popleft()
             if conn is None:
                 return
-            while req is not None:
-                data, close = self._reply(*req)
+            while request is not None:
+                data, close = self._reply(*request)
                 try:  # a client that does not read holds this worker at most read_deadline
                     conn.sock.settimeout(self.read_deadline)
                     conn.sock.sendall(data)
                 except OSError:
                     close = True
-                req = self._linger(conn) if close else self._next(conn)
+                request = self._linger(conn) if close else self._next(conn)
             conn.sock.setblocking(False)
             self._returned.append(conn)
             try:
@@ -1678,7 +2012,9 @@ class Server(object):
             except OSError:
                 conn.sock.close()  # shut down meanwhile
 
-    def _next(self, conn):  # keep-alive fast path when quiet: a whole request within GRACE stays here
+    def _next(self, conn):
+        # The keep-alive fast path when the service is quiet: a whole next request within GRACE stays with this worker;
+        # otherwise the connection goes back to the selector (None), so requests are served in order.
         if self._ready or self._open > 2:
             return None
         try:
@@ -1693,8 +2029,38 @@ class Server(object):
             self._refuse(conn, e.code, e.message, e.status, e.headers)
         except OSError:
             pass  # nothing came within GRACE (socket.timeout)
+        return None
 
-    def _linger(self, conn):  # after the last response: discard input until the client closes, so it is not reset
+    def _reply(self, method, path, headers, keep, version, body):
+        # (the response to a whole request, whether to close the connection after it).
+        unread_body = "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", "")
+        close = not keep or unread_body and method != "POST"  # only a POST's body is read
+        try:
+            status, data, ctype, extra = self._answer(method, path, headers, body)
+        except Exception:  # a bug must still answer, never drop the connection or print a traceback
+            status, close, ctype, extra = 500, True, "application/json", []
+            data = b'{"error":"internal_error","message":"the request could not be handled"}'
+        if status >= 400:
+            self.service.count("errors_by_status", str(status))
+        keep10 = keep and not close and version == "HTTP/1.0"
+        return _response(status, data, close, ctype, extra, method == "HEAD", keep10), close
+
+    def _answer(self, method, path, headers, body):
+        # (status, body, content type, extra headers) for a request that passed _check.
+        if method == "OPTIONS":
+            return 204, b"", "application/json", [("Allow", _ALLOW[ROUTES.get(path, "*")])]
+        if path == "/":
+            return 200, self._docs[path], "text/html; charset=utf-8", [CSP_HEADER, ("X-Frame-Options", "DENY")]
+        if method != "POST":  # /spec and /rules are made once; /healthcheck and /stats now
+            doc = {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
+            return 200, self._docs.get(path) or _json_text(doc).encode("utf-8"), "application/json", []
+        status, obj = self.service.post(path, body, headers)
+        return status, b"" if obj is None else _json_text(obj).encode("utf-8"), "application/json", []
+
+    # ---- both: parsing, refusing, lingering ------------------------------------------------------------------
+
+    def _linger(self, conn):
+        # After the last response: discard input until the client closes, so that it is not reset.
         conn.done, conn.since, conn.buf, conn.head = True, time.monotonic(), bytearray(), None
         try:
             conn.sock.shutdown(socket.SHUT_WR)
@@ -1702,104 +2068,51 @@ class Server(object):
             pass
 
     def _refuse(self, conn, code, message, status=400, headers=(), advance=False):
-        """Answer an error and close, as the input is no longer in step: one small send, then linger."""
+        # Answer an error and close, as the input is no longer in step: one small send, then linger.
         self.service.count("errors_by_status", str(status))
         body = _json_text({"error": code, "message": message}).encode("utf-8")
         head_only = conn.head is not None and conn.head[0] == "HEAD"
         try:
-            conn.sock.send(self._response(status, body, True, "application/json", headers, head_only))
+            conn.sock.send(_response(status, body, True, "application/json", headers, head_only))
         except OSError:
             pass  # the client is not reading: nothing more can be said
         self._linger(conn)
         if advance:
             self._advance(conn)
 
-    def _response(self, status, body, close, ctype="application/json", extra=(), head_only=False, keep10=False):
-        lines = (
-            [
-                "HTTP/1.1 %d %s" % (status, _PHRASES[status]),
-                "Cache-Control: no-store",
-                "X-Content-Type-Options: " "nosniff",
-            ]
-            + ["Connection: close"] * close
-            + ["Connection: keep-alive"] * keep10
-        )
-        lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)] if status != 204 else []
-        head = ("\r\n".join(lines + ["%s: %s" % h for h in extra]) + "\r\n\r\n").encode("latin-1")
-        return head if head_only or status == 204 else head + body
-
-    def _reply(self, method, path, headers, keep, version, body):  # (the response to a whole request, close?)
-        close = not keep or "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", "")
-        extra, ctype, status = [], "application/json", 200
-        try:
-            if method == "OPTIONS":
-                status, extra, data = 204, [("Allow", _ALLOW[ROUTES.get(path, "*")])], b""
-            elif path == "/":
-                ctype, data = "text/html; charset=utf-8", self._docs[path]
-                extra = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")]
-            elif method != "POST":
-                data = (
-                    self._docs.get(path)
-                    or _json_text(
-                        {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
-                    ).encode()
-                )
-            else:
-                (status, obj), close = self.service.post(path, body, headers), not keep
-                data = b"" if obj is None else _json_text(obj).encode("utf-8")
-        except Exception:  # a bug must still answer, never drop the connection or print a traceback
-            status, close, data = 500, True, b'{"error":"internal_error","message":"the request could not be handled"}'
-        if status >= 400:
-            self.service.count("errors_by_status", str(status))
-        keep10 = keep and not close and version == "HTTP/1.0"
-        return self._response(status, data, close, ctype, extra, method == "HEAD", keep10), close
-
-    def _parse(self, conn):  # the next whole request in conn.buf, None until complete; refusals from the head
+    def _parse(self, conn):
+        # The next whole request in conn.buf, or None until it is complete; RequestError for refusals.
         buf = conn.buf
         if conn.head is None:
             if buf[:1] in (b"\r", b"\n"):
-                del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: empty lines
-            i, j = buf.find(b"\n\r\n"), buf.find(b"\n\n")
-            end = -1 if i < 0 and j < 0 else i + 3 if j < 0 or 0 <= i < j else j + 2
+                del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: ignore empty lines before a request
+            end = _head_end(buf)
             if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
                 raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
             if end < 0:
                 return None
             lines = bytes(buf[:end]).decode("latin-1").split("\n")
             del buf[:end]
-            method, _, rest = lines[0].rstrip("\r").partition(" ")
-            target, _, version = rest.partition(" ")
-            if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*")):
-                raise RequestError("bad_request_line", "malformed request line")
-            if version not in ("HTTP/1.1", "HTTP/1.0"):
-                raise RequestError("unsupported_http_version", "use HTTP/1.1")
-            headers = {}
-            for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
-                name, sep, value = line.partition(":")
-                name = name.lower()
-                if not sep or name != name.strip() or not name or len(headers) > 99 or name in headers.keys() & _SINGLE:
-                    raise RequestError("bad_header", "a malformed, folded or repeated header line")
-                headers[name] = headers[name] + ", " + value.strip() if name in headers else value.strip()
-            keep, path = headers.get("connection", "").lower(), target.split("?", 1)[0]
-            keep = "close" not in keep if version == "HTTP/1.1" else "keep-alive" in keep
+            method, path, headers, keep, version = _parse_head(lines)
             conn.head = (method,)  # so that a refusal of a HEAD request has no body
             conn.head = (method, path, headers, keep, version, self._check(conn, method, path, headers))
-        n = conn.head[5]
-        if len(buf) < n:
+        length = conn.head[5]
+        if len(buf) < length:
             return None
-        head, conn.head, body = conn.head, None, bytes(buf[:n])
-        del buf[:n]
+        head, conn.head, body = conn.head, None, bytes(buf[:length])
+        del buf[:length]
         return head[:5] + (body,)
 
-    def _check(self, conn, method, path, headers):  # head refusals (404 405 411 400 413 403 401 415) or the body length
+    def _check(self, conn, method, path, headers):
+        # The body length a head announces, or its refusal: 404 405 411 400 413 403 401 415, in that order.
         route = "*" if path == "*" and method == "OPTIONS" else ROUTES.get(path)
         if route is None:
             raise RequestError("not_found", "no such path; see GET /spec", 404)
         if method not in _ALLOW[route].split(", "):
             raise RequestError("method_not_allowed", "see Allow", 405, [("Allow", _ALLOW[route])])
-        length = headers.get("content-length")
         if method != "POST":
             return 0
+        length = headers.get("content-length")
         if "transfer-encoding" in headers or length is None:
             raise RequestError("length_required", "send the body with Content-Length (chunked is not accepted)", 411)
         if not (length.isascii() and length.isdigit() and len(length) <= 15):
@@ -1813,10 +2126,7 @@ class Server(object):
             scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), self.token)
         ):
             raise RequestError("unauthorized", "a bearer token is required", 401, [("WWW-Authenticate", "Bearer")])
-        mime, *params = headers.get("content-type", "").lower().split(";")
-        charsets = {v.strip().strip('"') for k, _, v in (p.partition("=") for p in params) if k.strip() == "charset"}
-        if mime.strip() != "application/json" or not charsets <= {"utf-8", "utf8"}:
-            raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
+        _check_content_type(headers)
         if headers.get("expect", "").lower() == "100-continue" and len(conn.buf) < int(length):
             try:
                 conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -1825,8 +2135,13 @@ class Server(object):
         return int(length)
 
 
-# ---- §9 Command line ---------------------------------------------------------------------------------------------
+# ============================================================================================================
+# §9 Command line
+# ============================================================================================================
+
+
 def _origin(value):
+    # An --allow-origin value: scheme://host[:port] and nothing more.
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment:
         raise argparse.ArgumentTypeError("expected scheme://host[:port]")
@@ -1838,76 +2153,89 @@ def _fail(message):
     return 2
 
 
-def _receipt_command(argv):  # keygen --key-file F | verify-receipt FILE --key-file F
-    p = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
+def _receipt_command(argv):
+    # keygen --key-file F | verify-receipt FILE --key-file F.
+    parser = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
     if argv[0] == "verify-receipt":
-        p.add_argument("file")
-    p.add_argument("--key-file", required=True)
-    a = p.parse_args(argv[1:])
+        parser.add_argument("file")
+    parser.add_argument("--key-file", required=True)
+    args = parser.parse_args(argv[1:])
     try:
         if argv[0] == "keygen":
-            return print(keygen(a.key_file)) or 0  # prints the new kid
-        ring = load_keyring(a.key_file)
-        with open(a.file, "rb") as f:
+            print(keygen(args.key_file))  # the new kid
+            return 0
+        ring = load_keyring(args.key_file)
+        with open(args.file, "rb") as f:
             doc = strict_loads(f.read(MAX_BODY + 1))
     except (OSError, ValueError) as e:
         return _fail(getattr(e, "message", None) or e)
-    doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
+    if isinstance(doc, dict) and "aar_verdict" in doc:
+        doc = doc.get("receipt")  # a whole /verify response
     valid, reason, kid = verify_receipt(doc, ring)
     print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
     return 0 if valid else 1
 
 
-def main(argv=None):  # the command line; returns the exit status
+FLAGS = (  # the service's command-line flags: (flag, argparse keywords)
+    ("--host", dict(default="127.0.0.1", help="bind address; non-loopback is an explicit opt-in")),
+    ("--port", dict(type=int, default=8092, help="0 picks a free port (printed on stderr)")),
+    ("--key-file", dict(help="key ring (see keygen); without it an ephemeral key is used")),
+    ("--max-body", dict(type=int, default=MAX_BODY)),
+    ("--workers", dict(type=int, default=16)),
+    ("--token-file", dict(help="every POST then needs Authorization: Bearer <token>")),
+    ("--issuer", dict(default="verify_action.py", help="issued_by in receipts")),
+    ("--allow-origin", dict(action="append", default=[], type=_origin, metavar="ORIGIN")),
+    ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP")),
+)
+
+
+def _load_secrets(args):
+    # (key ring, bearer token or None) from the files the flags name; OSError or ValueError.
+    ring = load_keyring(args.key_file) if args.key_file else KeyRing.generate()
+    token = read_private_file(args.token_file).strip().encode("utf-8") if args.token_file else None
+    if token is not None and (len(token) < 16 or b"\n" in token):
+        raise ValueError("--token-file: one token, >= 16 chars")
+    return ring, token
+
+
+def main(argv=None):
+    """The command line; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["keygen"], ["verify-receipt"]):
         return _receipt_command(argv)
-    p = argparse.ArgumentParser(prog="verify_action.py", description=__doc__.split("\n\n")[0])
-    for flag, kw in (
-        ("--host", dict(default="127.0.0.1", help="bind address; non-loopback is an explicit opt-in")),
-        ("--port", dict(type=int, default=8092, help="0 picks a free port (printed on stderr)")),
-        ("--key-file", dict(help="key ring (see keygen); without it an ephemeral key is used")),
-        ("--max-body", dict(type=int, default=MAX_BODY)),
-        ("--workers", dict(type=int, default=16)),
-        ("--token-file", dict(help="every POST then needs Authorization: Bearer <token>")),
-        ("--issuer", dict(default="verify_action.py", help="issued_by in receipts")),
-        ("--allow-origin", dict(action="append", default=[], type=_origin, metavar="ORIGIN")),
-        ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP")),
-    ):
-        p.add_argument(flag, **kw)
-    a = p.parse_args(argv)
-    if not (0 <= a.port < 65536 and 0 < a.workers <= 256 and 1024 <= a.max_body <= 64 << 20 and 0 < len(a.issuer) < 99):
+    parser = argparse.ArgumentParser(prog="verify_action.py", description=__doc__.split("\n\n")[0])
+    for flag, keywords in FLAGS:
+        parser.add_argument(flag, **keywords)
+    args = parser.parse_args(argv)
+    in_range = 0 <= args.port < 65536 and 0 < args.workers <= 256 and 1024 <= args.max_body <= 64 << 20
+    if not in_range or not 0 < len(args.issuer) < 99:
         return _fail("--port 0-65535, --workers 1-256, --max-body 1024-67108864, --issuer 1-98 characters")
     try:
-        ring = load_keyring(a.key_file) if a.key_file else KeyRing.generate()
-        token = read_private_file(a.token_file).strip().encode("utf-8") if a.token_file else None
+        ring, token = _load_secrets(args)
     except (OSError, ValueError) as e:
         return _fail(e)
-    if token is not None and (len(token) < 16 or b"\n" in token):
-        return _fail("--token-file: one token, >= 16 chars")
     if ring.ephemeral:
         sys.stderr.write(
             "verify_action.py: no --key-file: an ephemeral key (kid %s) signs, so receipts "
             "cannot be verified after a restart (see keygen)\n" % ring.kid
         )
-    service = Service(ring, a.issuer)
-    if a.stdio:
+    service = Service(ring, args.issuer)
+    if args.stdio:
         out, sys.stdout = sys.stdout.buffer, sys.stderr  # a stray print must never corrupt the protocol stream
         serve_stdio(service, sys.stdin.buffer, out)
         return 0
     try:
-        server = Server(service, a.host, a.port, a.workers, a.max_body, token, a.allow_origin)
+        server = Server(service, args.host, args.port, args.workers, args.max_body, token, args.allow_origin)
     except OSError as e:
-        return _fail("cannot listen on %s:%d: %s" % (a.host, a.port, e.strerror or e))
-    if not _is_loopback(a.host) and token is None:
+        return _fail("cannot listen on %s:%d: %s" % (args.host, args.port, e.strerror or e))
+    if not _is_loopback(args.host) and token is None:
         sys.stderr.write(
             "verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
-            "reach this port can obtain signed receipts\n" % a.host
+            "reach this port can obtain signed receipts\n" % args.host
         )
-    sys.stderr.write(
-        "verify_action.py %s listening on http://%s:%d (kid %s)\n"
-        % (VERSION, "[%s]" % a.host if ":" in a.host else a.host, server.port, ring.kid)
-    )
+    host = "[%s]" % args.host if ":" in args.host else args.host
+    listening = "verify_action.py %s listening on http://%s:%d (kid %s)\n" % (VERSION, host, server.port, ring.kid)
+    sys.stderr.write(listening)
     sys.stderr.flush()
     server.serve_forever()
     return 0
