@@ -154,12 +154,66 @@ def big_bodies():
             ("200k short strings", fill('{"claim": "x", "evidence": {"a": [', '"ab",', '"x"]}}'))]
 
 
+def adversarial_bodies():
+    """At least 20 hostile bodies up to the 1 MiB limit, as (label, path, body): the review's slow inputs and their
+    kin (deep nests, many small objects, long strings, a diff of many files, long SQL, many claim tokens, floats)."""
+    def fill(head, unit, tail):  # as many units as fit
+        return (head + unit * ((va.MAX_BODY - len(head) - len(tail)) // len(unit)) + tail).encode()
+
+    def verify(claim, evidence_head, unit, tail, kind=None):
+        head = '{%s"claim": %s, "evidence": %s' % ('"kind": "%s", ' % kind if kind else "", json.dumps(claim),
+                                                      evidence_head)
+        return fill(head, unit, tail + "}")
+    cases = [(label, "/verify", body) for label, body in big_bodies()]
+    files = "".join("diff --git a/src/m%d.py b/src/m%d.py\n--- a/src/m%d.py\n+++ b/src/m%d.py\n@@ -1,5 +1,10 @@\n"
+                    % (i, i, i, i) + " ctx\n" * 5 + "".join("+value_%d = compute(%d)\n" % (j, j) for j in range(5))
+                    for i in range(1200))
+    paths = " ".join("src/m%d.py" % i for i in range(600))[:8000]
+    entities = " ".join("https://h%d.example/x" % i for i in range(300))[:8000]
+    cases += [
+        ("code_diff: 1,200 files x 10 lines", "/verify", json.dumps({"claim": "Added `value_3` in src/m7.py",
+                                                                     "evidence": {"diff": files}}).encode()),
+        ("code_diff: one hunk of 1 MiB short lines", "/verify",
+         verify("Added `x_y` to a.py", '{"diff": "--- a/a.py\\n+++ b/a.py\\n@@ -1 +1,90000 @@\\n',
+                "+x\\n", '"}')),
+        ("code_diff: 8 KiB claim of paths", "/verify", json.dumps({"claim": "Updated " + paths,
+                                                                  "evidence": {"diff": files}}).encode()),
+        ("generic: one 1 MiB string", "/verify", verify("status is ok", '{"s": "', "a", '"}')),
+        ("generic: 8 KiB claim of entities", "/verify", verify(entities, '{"a": [', '"https://h1.example/x",', '1]}')),
+        ("generic: status keys under nests", "/verify",
+         verify("status: ok", '{"a": [', '{"b": {"status": "failed", "ok": false}},', '1]}')),
+        ("db_op: 64 KiB SQL of OR terms", "/verify", json.dumps({"claim": "Deleted user 5", "evidence": {
+            "affected_rows": 1, "operation": ("DELETE FROM t WHERE id = 5" + " OR id = 6" * 7000)[:65536]}}).encode()),
+        ("api_call: 1 MiB JSON text body", "/verify",
+         verify("Sent it", '{"response_status": 200, "response_body": "[', '{\\"ok\\": true},', '1]"}')),
+        ("api_call: 1 MiB plain text body", "/verify",
+         verify("Sent it", '{"response_status": 200, "response_body": "', "sent ok ", '"}')),
+        ("file_op: 8 KiB claim of sizes and paths", "/verify", json.dumps({"claim": "Wrote " + " ".join(
+            "%d lines %d KB to f%d.txt" % (i, i, i) for i in range(300))[:8000], "evidence": {
+            "path": "x" * 4096, "exists_before": False, "exists_after": True, "line_count": 3}}).encode()),
+        ("mcp: tools/call of 120k small objects", "/mcp", fill(
+            '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "verify_action", "arguments": '
+            '{"claim": "status is ok", "evidence": {"a": [', '{"a":[{"b":[1]}]},', '1]}}}}')),
+        ("strings of \\u escapes", "/verify", verify("x", '{"a": [', '"\\u00e9\\u003a",', '"x"]}')),
+        ("floats: 1.5e-05", "/verify", verify("x", '{"a": [', "1.5e-05,", "1]}")),
+        ("floats: 0.1234567", "/verify", verify("x", '{"a": [', "0.1234567,", "1]}")),
+        ("floats: 12.0", "/verify", verify("x", '{"a": [', "12.0,", "1]}")),
+        ("runs of 16 digits below 2^53", "/verify", verify("x", '{"a": [', "1234567890123456,", "1]}")),
+    ]
+    return cases
+
+
+def answer(path, body):
+    """What the service answers a POST body with: the verdict, the JSON-RPC outcome, or the refusal's code."""
+    status, obj = SERVICE.post(path, body, {})
+    if path == "/mcp":
+        return "isError" if obj["result"]["isError"] else obj["result"]["structuredContent"]["aar_verdict"]
+    return obj["aar_verdict"] if status == 200 else obj["error"]
+
+
 def parse_judge_sign(body):
-    """What the service does with a body: strict parse, validation, rules, receipt (a refusal is an answer too)."""
-    try:
-        return SERVICE.verify(va.validate_request(va.strict_loads(body)))["aar_verdict"]
-    except va.RequestError as e:
-        return e.code
+    """What the service does with a /verify body: strict parse, validation, rules, receipt (or a refusal)."""
+    return answer("/verify", body)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -681,7 +735,7 @@ class Unsafe(unittest.TestCase):
 
     def test_13_a_code_outside_the_vocabulary_is_unsafe_with_a_receipt(self):
         original = va._JUDGES["generic"]
-        va._JUDGES["generic"] = lambda claim, ev: (["no_such_code"], {})  # a misspelt code in a rule
+        va._JUDGES["generic"] = lambda claim, ev, ev_json: (["no_such_code"], {})  # a misspelt code in a rule
         try:
             r = SERVICE.verify({"claim": "x", "evidence": {}})
         finally:
@@ -691,7 +745,7 @@ class Unsafe(unittest.TestCase):
 
     def test_7_a_failing_rule_still_gets_a_signed_unsafe_answer(self):
         original = va._JUDGES["generic"]
-        va._JUDGES["generic"] = lambda claim, ev: 1 / 0
+        va._JUDGES["generic"] = lambda claim, ev, ev_json: 1 / 0
         try:
             r = SERVICE.verify({"claim": "x", "evidence": {}})
         finally:
@@ -1214,7 +1268,7 @@ class PoolAndDeadlines(unittest.TestCase):
         # so a slow rule does it here)
         service = va.Service(va.KeyRing.generate())
         real = service.verify
-        service.verify = lambda request: time.sleep(1.0) or real(request)
+        service.verify = lambda request, members=None: time.sleep(1.0) or real(request, members)
         server = va.Server(service, "127.0.0.1", 0, workers=1, read_deadline=1.5, queue_wait=0.3)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()

@@ -137,7 +137,8 @@ def decide(codes):
 
 _encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text; unrolled: the parts never overlap
-_NOT_PLAIN = re.compile(r"[0-9][.eE]|(?<![0-9])[0-9]{16}")  # outside strings: a float, or a 16-digit integer
+# An integer that may reach 2^53 (ECMAScript writes it as a double: 2^60 is 1152921504606847000); from a run's start.
+_BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
 _BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
 _SORTED = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
@@ -192,19 +193,74 @@ def _jcs(v):
     return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in keys) + "}"
 
 
-def _dumps_differs_from_jcs(text):
-    # Whether json.dumps text may differ from JCS: a float or a 16-digit integer outside strings (ECMAScript writes
-    # numbers as doubles), or keys that mix U+E000-U+FFFF with astral characters (UTF-16 order differs).
-    number = _NOT_PLAIN.search(text) and _NOT_PLAIN.search(_JSON_STRING.sub("", text))
-    return bool(number or (_BMP_HIGH.search(text) and _ASTRAL.search(text)))
+# json.dumps writes a float as repr does, JCS as ECMAScript does: the same shortest round-trip digits in another
+# layout. Where the layouts differ, these substitutions rewrite repr's into ECMAScript's, in order, each gated by a
+# substring. Each starts with a literal and has a literal replacement, so all of it runs in C.
+_E16_20 = r"e\+(?:1[6-9]|20)(?![0-9])"  # repr's exponent form from 1e16 to 1e21, where ECMAScript writes digits
+_ES_LAYOUT = [
+    ("-0.0", r"-0\.0(?![0-9eE])", "0"),  # negative zero (no digit can precede a number's sign)
+    (".0", r"\.0(?![0-9eE])", ""),  # 12.0 is 12 (repr writes no other fraction ending in 0)
+    # 1.5e-05 is 0.000015: drop the mantissa's point, put 0.0000 after the delimiter or sign before it, drop e-05
+    ("e-05", r"\.(?=[0-9]+e-05(?![0-9]))", ""),
+] + [("e-05", re.escape(c) + r"(?=[0-9]+e-05(?![0-9]))", c + "0.0000") for c in ",[:-"] + [
+    ("e-05", r"e-05(?![0-9])", ""),
+    ("e-06", r"\.(?=[0-9]+e-06(?![0-9]))", ""),
+] + [("e-06", re.escape(c) + r"(?=[0-9]+e-06(?![0-9]))", c + "0.00000") for c in ",[:-"] + [
+    ("e-06", r"e-06(?![0-9])", ""),
+    ("e-0", r"e-0(?=[7-9](?![0-9]))", "e-"),  # 1e-07 is 1e-7
+    # 1.5e+16 is 15000000000000000: drop the point, pad with zeros, keep the first E + 1 digits, drop the exponent
+    ("e+", r"\.(?=[0-9]+" + _E16_20 + ")", ""),
+    ("e+", r"e\+(?=(?:1[6-9]|20)(?![0-9]))", "0" * 20 + "e+"),
+    ("e+", r"[0-9](?:" + "|".join(r"(?<=[,\[:-][0-9]{%d})[0-9]*(?=e\+%d(?![0-9]))" % (e + 2, e) for e in range(16, 21))
+     + ")", ""),
+    ("e+", _E16_20, ""),
+]
+_ES_LAYOUT = [(gate, re.compile(pattern), literal) for gate, pattern, literal in _ES_LAYOUT]
+_ES_GATES = {gate for gate, _, _ in _ES_LAYOUT}
+
+
+def _es_floats(text):
+    # json.dumps text with its floats in ECMAScript layout. Strings are set aside by splitting at quotes, once
+    # escaped backslashes and quotes are masked (json.dumps escapes \x01 \x02 \x03, so they are free as masks).
+    parts = text.replace("\\\\", "\x01").replace('\\"', "\x02").split('"')
+    outside = "\x03".join(parts[0::2])  # the text between strings
+    present = {gate: gate in outside for gate in _ES_GATES}  # no substitution adds a later gate's substring
+    for gate, pattern, literal in _ES_LAYOUT:
+        outside = pattern.sub(literal, outside) if present[gate] else outside
+    parts[0::2] = outside.split("\x03")
+    return '"'.join(parts).replace("\x02", '\\"').replace("\x01", "\\\\")
+
+
+def _canonical_text(value, exact_ints=False):
+    # The RFC 8785 text of a parsed JSON value: json.dumps (in C), with its floats laid out as ECMAScript does. The
+    # exact pure-Python path takes values below 4 KiB (it costs little there), integers that may reach 2^53 (unless
+    # the parser refused them: exact_ints), and keys mixing U+E000-U+FFFF with astral characters (UTF-16 order).
+    text = _SORTED.encode(value)
+    big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
+    if len(text) < 4096 or big_int or (not text.isascii() and _BMP_HIGH.search(text) and _ASTRAL.search(text)):
+        return _jcs(value)
+    return _es_floats(text) if any(gate in text for gate in (".0", "e-0", "e+1", "e+20")) else text
 
 
 def canonical_json(value):
     """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes (json.dumps in C when exact)."""
-    text = _SORTED.encode(value)
-    if len(text) < 4096 or _dumps_differs_from_jcs(text):  # below 4 KiB the exact path costs little
-        text = _jcs(value)
-    return text.encode("utf-8")
+    return _canonical_text(value).encode("utf-8")
+
+
+def canonical_members(value, exact_ints=False):
+    """The RFC 8785 text of each member of an object ({key: text}; {None: text} for any other value). Made once per
+    request, it serves the strict-JSON checks, the rules that read JSON text, and both receipt hashes."""
+    if not isinstance(value, dict):
+        return {None: _canonical_text(value, exact_ints)}
+    return {key: _canonical_text(member, exact_ints) for key, member in value.items()}
+
+
+def assemble_canonical(members):
+    """The RFC 8785 text of the value whose members canonical_members gave: keys in UTF-16 code unit order."""
+    if None in members:
+        return members[None]
+    keys = sorted(members, key=lambda k: k.encode("utf-16-be"))
+    return "{" + ",".join(_encode_str(k) + ":" + members[k] for k in keys) + "}"
 
 
 # ============================================================================================================
@@ -567,7 +623,7 @@ def _deleted_files_code(toks, low, index, files):
     return None if not gone else "file_deleted" if deleted else "file_not_deleted"
 
 
-def judge_code_diff(claim, ev):
+def judge_code_diff(claim, ev, ev_json=None):
     """{diff}: the paths, identifiers and action the claim names, against the parsed diff."""
     files, changed = parse_diff(ev["diff"])
     if len(files) > BOUNDS["diff_files"]:
@@ -700,7 +756,7 @@ def _affected_rows_code(claimed, writes, affected, delta):
     return "affected_rows_consistent" if claimed == "update" and affected is not None and delta == 0 else None
 
 
-def judge_db_op(claim, ev):
+def judge_db_op(claim, ev, ev_json=None):
     """{before_count, after_count, operation, affected_rows}: the claimed action against the SQL statement's kind,
     the sign of the row delta and affected_rows; claimed ids against the ids the WHERE clause compares."""
     low = [t.lower() for t in _tokens(claim)]
@@ -814,7 +870,7 @@ def _count_codes(lines, sizes, line_count, size_bytes):
     ]
 
 
-def judge_file_op(claim, ev):
+def judge_file_op(claim, ev, ev_json=None):
     """{path, exists_before, exists_after, line_count?, size_bytes?, new_path?}: verb vs existence, named paths vs
     path and new_path, stated totals vs line_count and size_bytes."""
     toks, low = _words(claim)
@@ -903,7 +959,7 @@ def _target_code(toks, claimed_ids, targets):
     return next((c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results), None)
 
 
-def judge_api_call(claim, ev):
+def judge_api_call(claim, ev, ev_json=None):
     """{request, response_status, response_body}: the claimed success or failure against the status class and the
     body; the emails, URLs and ids the claim names against the request's targets."""
     toks, low = _words(claim)
@@ -928,6 +984,7 @@ def judge_api_call(claim, ev):
 
 # ---- §3.6 generic ------------------------------------------------------------------------------------------
 
+_SCALAR = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*')  # a string or other scalar: a value's text
 _FILLERS = frozenset("not no now still also the a an being set already currently".split())  # never a stated value
 
 
@@ -966,13 +1023,17 @@ def _stated_values(raw, toks):
 
 
 def _evidence_values(text, keys):
-    # key -> the scalar value texts that json.dumps text (lower case) has for any of keys, at any depth.
+    # key -> the first 100 scalar values (texts) that canonical JSON text in lower case has for each of keys, at any
+    # depth. str.find scans, in C: the work is bounded by the keys and the cap, not by the members of the evidence.
+    # Inside a JSON string a quote is always escaped, so '"key":' matches members only.
     values = {}
-    if not any('"%s": ' % k in text for k in keys):  # a substring test first: most evidence has none of them
-        return values
-    for key, value in _MEMBER.findall(text):  # one pass, in C
-        if value and value[0] != "[" and key in keys:
-            values.setdefault(key, []).append(value.strip('"'))
+    for key in keys:
+        needle = '"%s":' % key
+        at = text.find(needle)
+        while at >= 0 and len(values.get(key, ())) < 100:
+            value = _SCALAR.match(text, at + len(needle)).group()  # empty for an object or a list
+            values.setdefault(key, []).extend([value.strip('"')] if value else [])
+            at = text.find(needle, at + len(needle))
     return values
 
 
@@ -989,16 +1050,18 @@ def _value_code(claimed, found):
     return "explicit_value_conflict" if False in same else "explicit_value_match"
 
 
-def judge_generic(claim, ev):
+def judge_generic(claim, ev, ev_json=None):
     """Any object, judged conservatively: at least 3 distinct entities found, values the claim states for keys
     (KEY is VALUE) against the evidence's, and a failure word in a status key."""
-    text = json.dumps(ev, ensure_ascii=False).lower()  # ": " keeps values apart from their keys
+    text = (ev_json if ev_json is not None else _canonical_text(ev)).lower()
     raw = _TOKEN.findall(claim)
     toks = [_strip(t) for t in raw]
     low = [t.lower() for t in toks]
-    have = set(_TOKEN.findall(text))
-    endings = ("", ".", ",", ":", "/", "!", "?")  # what may follow a value in json.dumps text or prose
-    matched = [e for e in _claim_entities(toks) if any(e + s in have for s in endings)]
+    entities, matched = _claim_entities(toks), []
+    if len(entities) >= 3:  # fewer cannot support a verdict: the evidence is not tokenised for them
+        have = set(_TOKEN.findall(text.replace(",", ", ").replace('":', '": ')))  # values apart from keys
+        endings = ("", ".", ",", ":", "/", "!", "?")  # what may follow a value in JSON text or prose
+        matched = [e for e in entities if any(e + s in have for s in endings)]
     codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
     stated = _stated_values(raw, toks)
     values = _evidence_values(text, set(stated) | _STATUS_KEYS)
@@ -1065,7 +1128,7 @@ def check_evidence(kind, ev):
     return None if any(all(ev.get(f) is not None for f in group) for group in groups) else "evidence_missing_fields"
 
 
-_JUDGES = {
+_JUDGES = {  # kind -> judge(claim, evidence, the evidence's canonical JSON text or None) -> (codes, details)
     "code_diff": judge_code_diff,
     "db_op": judge_db_op,
     "file_op": judge_file_op,
@@ -1091,11 +1154,12 @@ def dispatch_kind(evidence, kind=None):
     return kind.lower() if kind else next(shaped, "generic")
 
 
-def judge(kind, claim, evidence):
-    """(codes, details, verdict, confidence); never raises: a rule failure is unsafe_to_verify (verifier_error)."""
+def judge(kind, claim, evidence, evidence_json=None):
+    """(codes, details, verdict, confidence); never raises: a rule failure is unsafe_to_verify (verifier_error).
+    evidence_json: the evidence's canonical text, if the caller has it (generic reads it instead of re-encoding)."""
     try:
         bad = check_evidence(kind, evidence)
-        codes, details = ([bad], {}) if bad else _JUDGES[kind](claim, evidence)
+        codes, details = ([bad], {}) if bad else _JUDGES[kind](claim, evidence, evidence_json)
         codes = codes or ["no_signal"]
         return (codes, details) + decide(codes)
     except Exception:  # a misspelt code (KeyError in decide) or any bug: answered, signed, never dropped
@@ -1173,24 +1237,15 @@ class KeyRing(object):
         return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], data, hashlib.sha256).digest())
 
 
-def _request_json(request, evidence_json):
-    # Canonical JSON of the whole request, reusing the evidence's. Its keys are ASCII field names, so sorted() is JCS
-    # order.
-    members = (
-        b'"%s":%s' % (k.encode(), evidence_json if k == "evidence" else canonical_json(request[k]))
-        for k in sorted(request)
-    )
-    return b"{" + b",".join(members) + b"}"
-
-
-def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now):
-    """A signed receipt for one judged request (request: the object as received, already validated)."""
-    evidence_json = canonical_json(request["evidence"])
+def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now, members=None):
+    """A signed receipt for one judged request (request: the object as received, already validated; members: its
+    canonical_members, when the caller has them)."""
+    members = members or canonical_members(request)
     body = {
         "schema": SCHEMA,
         "claim_hash": _sha(request["claim"].encode("utf-8")),
-        "evidence_manifest_hash": _sha(evidence_json),
-        "request_hash": _sha(_request_json(request, evidence_json)),
+        "evidence_manifest_hash": _sha(members["evidence"].encode("utf-8")),
+        "request_hash": _sha(assemble_canonical(members).encode("utf-8")),
         "verifier_id": "verify_action.py@" + VERSION,
         "verifier_method": "rule_based." + kind,
         "verdict": verdict,
@@ -1304,16 +1359,28 @@ def _exact_int(s):
     return value if -MAX_INT <= value <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
 
 
-def _json_value(text, long_ints):
-    # json.loads(text) refusing NaN and Infinity, and integers beyond 2^53 when long_ints may hold one.
-    collecting = gc.isenabled()  # 1 MiB can hold 500k containers, none in a cycle: collecting then is waste
-    gc.disable()
-    try:
-        refuse_constant = lambda name: _bad_json("NaN and Infinity are not JSON")
-        return json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=refuse_constant)
-    finally:
-        if collecting:
-            gc.enable()
+class _CollectorPause(object):
+    # The cyclic garbage collector stays off while any thread handles a request: a 1 MiB body can hold 500,000
+    # containers, none in a cycle, and every collection meanwhile would walk them all (it tripled the time of some
+    # bodies). A request frees what it made by reference counting; collection resumes when none is in flight.
+    def __init__(self):
+        self._lock, self._inside, self._was_enabled = threading.Lock(), 0, False
+
+    def __enter__(self):
+        with self._lock:
+            self._inside += 1
+            if self._inside == 1:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+
+    def __exit__(self, *exc_info):
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0 and self._was_enabled:
+                gc.enable()
+
+
+_REQUEST = _CollectorPause()
 
 
 def _refuse_duplicate_keys(text, again):
@@ -1336,11 +1403,19 @@ def _refuse_deep_nesting(text):
 
 def strict_loads(raw, exact_ints=True):
     """Strict UTF-8 JSON: no NaN, duplicate keys, lone surrogates, depth > 32, integers beyond +-(2^53-1)."""
+    return strict_parse(raw, exact_ints)[0]
+
+
+def strict_parse(raw, exact_ints=True):
+    """(value, its canonical_members) of strict JSON (see strict_loads): the canonical text made for the checks is
+    kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
     try:
         text = raw.decode("utf-8")
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
-        value = _json_value(text, long_ints)
-        again = json.dumps(value, ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":"))
+        refuse_constant = lambda name: _bad_json("NaN and Infinity are not JSON")
+        value = json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=refuse_constant)
+        members = canonical_members(value, exact_ints)
+        again = assemble_canonical(members)
         again.encode("utf-8")  # a lone surrogate cannot be encoded
     except RequestError:
         raise
@@ -1353,7 +1428,7 @@ def strict_loads(raw, exact_ints=True):
         _bad_json("%s (at character %s)" % (problem, getattr(e, "pos", "?")))
     _refuse_duplicate_keys(text, again)
     _refuse_deep_nesting(text)
-    return value
+    return value, members
 
 
 def _valid_caller_context(cc):
@@ -1507,12 +1582,16 @@ class Service(object):
         with self._lock:
             return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3))
 
-    def verify(self, request):
-        # Judge a validated request and sign the result: the /verify response.
+    def verify(self, request, members=None):
+        # Judge a validated request and sign the result: the /verify response. members: the request's
+        # canonical_members, made once (by strict_parse, or here) for the rules and the receipt.
+        members = members or canonical_members(request)
         kind = dispatch_kind(request["evidence"], request.get("kind"))
-        codes, details, verdict, confidence = judge(kind, request["claim"], request["evidence"])
+        codes, details, verdict, confidence = judge(kind, request["claim"], request["evidence"], members["evidence"])
         unique = list(dict.fromkeys(codes))
-        receipt = issue_receipt(request, kind, verdict, confidence, unique, self.keyring, self.issuer, self.clock())
+        receipt = issue_receipt(
+            request, kind, verdict, confidence, unique, self.keyring, self.issuer, self.clock(), members
+        )
         for key, sub in (("verifications", None), ("by_kind", kind), ("by_verdict", verdict)):
             self.count(key, sub)
         return {
@@ -1528,16 +1607,20 @@ class Service(object):
         }
 
     def post(self, path, raw, headers):
-        # (status, JSON object, or None for an empty 202) for a POST body to path.
+        """(status, JSON object, or None for an empty 202) for a POST body to path."""
+        with _REQUEST:  # the garbage collector waits, and what the request made is freed before it resumes
+            return self._post(path, raw, headers)
+
+    def _post(self, path, raw, headers):
         if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
             return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
         try:
-            obj = strict_loads(raw)
+            obj, members = strict_parse(raw)
             if path == "/mcp":  # mcp() answers every message itself
                 reply = self.mcp(obj, None)
                 return (202, None) if reply is None else (200, reply)
             if path == "/verify":
-                return 200, self.verify(validate_request(obj))
+                return 200, self.verify(validate_request(obj), members)
             if not isinstance(obj, dict) or set(obj) != {"receipt"} or not isinstance(obj["receipt"], dict):
                 raise RequestError("invalid_request", "the body must be {\"receipt\": {...}}")
         except RequestError as e:
@@ -1618,7 +1701,8 @@ def serve_stdio(service, inp, out, max_line=4 << 20):
                 while line and not line.endswith(b"\n"):  # skip the rest of an oversized message
                     line = inp.readline(max_line)
                 _bad_json("message too large")
-            reply = service.mcp(strict_loads(line.strip()), session) if line.strip() else None
+            with _REQUEST:
+                reply = service.mcp(strict_loads(line.strip()), session) if line.strip() else None
         except RequestError as e:
             reply = _rpc_error(None, -32700, "Parse error: " + e.message)
         try:
