@@ -166,8 +166,9 @@ def adversarial_bodies():
         return fill(head, unit, tail + "}")
     cases = [(label, "/verify", body) for label, body in big_bodies()]
     files = "".join("diff --git a/src/m%d.py b/src/m%d.py\n--- a/src/m%d.py\n+++ b/src/m%d.py\n@@ -1,5 +1,10 @@\n"
-                    % (i, i, i, i) + " ctx\n" * 5 + "".join("+value_%d = compute(%d)\n" % (j, j) for j in range(5))
-                    for i in range(1200))
+                    % (i, i, i, i) + "     context_line = previous_value(%d)\n" % i * 5
+                    + "".join("+    value_%d = compute_something(argument_%d, other_%d)\n" % (j, j, i) for j in range(5))
+                    for i in range(1200))  # about 800 KB
     paths = " ".join("src/m%d.py" % i for i in range(600))[:8000]
     entities = " ".join("https://h%d.example/x" % i for i in range(300))[:8000]
     cases += [
@@ -178,6 +179,12 @@ def adversarial_bodies():
                 "+x\\n", '"}')),
         ("code_diff: 8 KiB claim of paths", "/verify", json.dumps({"claim": "Updated " + paths,
                                                                   "evidence": {"diff": files}}).encode()),
+        ("code_diff: 1 MiB of @@ lines", "/verify", verify("Added `x_y` to a.py", '{"diff": "', "@@ -1 +1 @@\\n", '"}')),
+        ("code_diff: 1 MiB of --- lines", "/verify", verify("Added `x_y` to a.py", '{"diff": "', "--- a\\n", '"}')),
+        ("code_diff: 1 MiB of other lines", "/verify", verify("Added `x_y` to a.py", '{"diff": "', "x\\n", '"}')),
+        ("code_diff: a hunk of blank lines", "/verify",
+         verify("Added `x_y` to a.py", '{"diff": "--- a/a.py\\n+++ b/a.py\\n@@ -1,900000 +1,900000 @@\\n',
+                "\\n", '"}')),
         ("generic: one 1 MiB string", "/verify", verify("status is ok", '{"s": "', "a", '"}')),
         ("generic: 8 KiB claim of entities", "/verify", verify(entities, '{"a": [', '"https://h1.example/x",', '1]}')),
         ("generic: status keys under nests", "/verify",

@@ -29,6 +29,7 @@ REQUEST_FIELDS = ("claim", "evidence", "kind", "context", "caller_context")
 BOUNDS = {  # per-kind evidence bounds: beyond them the verdict is unsafe_to_verify (evidence_too_large)
     "diff_chars": 4 << 20,
     "diff_files": 5000,
+    "diff_headers": 20000,  # lines a diff's structure is read from (diff --git, ---, +++, @@ ...)
     "operation_chars": 65536,
     "path_chars": 4096,
     "request_chars": 4 << 20,
@@ -247,12 +248,14 @@ def canonical_json(value):
     return _canonical_text(value).encode("utf-8")
 
 
-def canonical_members(value, exact_ints=False):
-    """The RFC 8785 text of each member of an object ({key: text}; {None: text} for any other value). Made once per
-    request, it serves the strict-JSON checks, the rules that read JSON text, and both receipt hashes."""
+def canonical_members(value, exact_ints=False, levels=1):
+    """The RFC 8785 text of each member of an object ({key: text}; {None: text} for any other value), objects
+    within the first levels as members in turn. Made once per request, it serves the strict-JSON checks, the rules
+    that read JSON text, and both receipt hashes (MCP: the arguments, 3 levels down)."""
     if not isinstance(value, dict):
         return {None: _canonical_text(value, exact_ints)}
-    return {key: _canonical_text(member, exact_ints) for key, member in value.items()}
+    nested = lambda v: canonical_members(v, exact_ints, levels - 1) if levels > 1 and isinstance(v, dict) else None
+    return {key: nested(member) or _canonical_text(member, exact_ints) for key, member in value.items()}
 
 
 def assemble_canonical(members):
@@ -260,7 +263,8 @@ def assemble_canonical(members):
     if None in members:
         return members[None]
     keys = sorted(members, key=lambda k: k.encode("utf-16-be"))
-    return "{" + ",".join(_encode_str(k) + ":" + members[k] for k in keys) + "}"
+    texts = (m if isinstance(m, str) else assemble_canonical(m) for m in map(members.get, keys))
+    return "{" + ",".join(_encode_str(k) + ":" + text for k, text in zip(keys, texts)) + "}"
 
 
 # ============================================================================================================
@@ -502,25 +506,55 @@ def _hunk_sizes(line):
     return [int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]]
 
 
+class EvidenceTooLarge(ValueError):
+    """A rule stopped at a bound (BOUNDS) of its kind: the verdict is unsafe_to_verify (evidence_too_large)."""
+
+
+# The lines a diff's structure is read from; hunk bodies are skipped by their counts, other lines by this search.
+_DIFF_HEADER = re.compile(
+    r"^(?:diff --git |--- |\+\+\+ |@@ |new file mode|deleted file mode|rename from |rename to |GIT binary patch"
+    r"|Binary files )[^\n]*",
+    re.M,
+)
+# The end of a run of lines a hunk may hold (added, removed, context, "\ No newline at end of file", and blank lines:
+# context that lost its space): a newline before any other line. A run always ends before the next @@ line, so
+# runs never overlap: linear.
+_HUNK_END = re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)")
+_HUNK_START = ("-", "+", " ", "\\", "\n", "\r\n")
+
+
+def _hunk_body(text, start, old, new):
+    # (lines, marks) of the hunk body at start: the longest run of hunk lines whose removed and context lines fit
+    # old and whose added and context lines fit new (its @@ line's counts). Counted in C: a binary search over
+    # str.count of the marks, one character a line.
+    if not text.startswith(_HUNK_START, start):
+        return [], ""
+    stop = _HUNK_END.search(text, start)
+    lines = text[start : stop.start() if stop else len(text)].split("\n")
+    marks = "".join([line[:1] or " " for line in lines]).replace("\r", " ")
+    fits = lambda k: (
+        marks.count("-", 0, k) + marks.count(" ", 0, k) <= old and marks.count("+", 0, k) + marks.count(" ", 0, k) <= new
+    )
+    low, high = (len(lines), len(lines)) if fits(len(lines)) else (0, len(lines))  # mostly the whole run fits
+    while low < high:  # the largest k whose first k lines fit
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return lines[:low], marks[:low]
+
+
 def parse_diff(text):
-    """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], +/- lines)."""
+    """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], +/- lines).
+    Raises EvidenceTooLarge beyond BOUNDS' diff_files files or diff_headers structure lines."""
     files, changed = [], []
     current = None  # the file whose headers or hunks are being read
     git_header = False  # current came from a 'diff --git' line and has not had its '+++ ' line yet
     minus = None  # the path of a '--- ' line, waiting for its '+++ '
-    old_left = new_left = 0  # the lines the current hunk still has to show, as its @@ line counts them
-    for line in text.split("\n"):
-        if old_left > 0 or new_left > 0:
-            mark = line[:1] if line not in ("", "\r") else " "  # a blank line is context that lost its space
-            if mark in ("+", "-", " ", "\\"):  # added, removed, context, "\ No newline at end of file"
-                old_left -= mark in "- "
-                new_left -= mark in "+ "
-                if mark in "+-":
-                    current["added" if mark == "+" else "removed"] += 1
-                    changed.append(line)
-                continue
-            old_left = new_left = 0  # a short hunk: read the line as a header
-        line = line.rstrip("\r")
+    at = 0  # where the next line starts
+    for _ in range(BOUNDS["diff_headers"] + 1):
+        match = _DIFF_HEADER.search(text, at)
+        if match is None:
+            return files, changed
+        line, at = match.group().rstrip("\r"), match.end() + 1
         if line.startswith("diff --git "):
             current, git_header = _new_file(files, *_head_paths(line[11:])), True
         elif line.startswith("--- "):
@@ -536,7 +570,13 @@ def parse_diff(text):
         elif line.startswith("@@ "):
             current = current if current is not None else _new_file(files, "", "")
             git_header = False
-            old_left, new_left = _hunk_sizes(line)
+            lines, marks = _hunk_body(text, at, *_hunk_sizes(line))
+            current["added"] += marks.count("+")
+            current["removed"] += marks.count("-")
+            changed += lines if " " not in marks and "\\" not in marks else [
+                line for line, mark in zip(lines, marks) if mark in "+-"
+            ]
+            at += len("\n".join(lines)) + 1 if lines else 0
         elif current is not None and line.startswith(("new file mode", "deleted file mode")):
             current["status"] = "added" if line[0] == "n" else "deleted"
         elif current is not None and line.startswith("rename from "):
@@ -549,7 +589,9 @@ def parse_diff(text):
             paths = _unprefix(*line[13:-7].partition(" and ")[::2])
             current = current if git_header else _new_file(files, *paths)
             current["binary"], git_header = True, False
-    return files, changed
+        if len(files) > BOUNDS["diff_files"]:
+            break
+    raise EvidenceTooLarge()
 
 
 def _path_index(files):
@@ -562,10 +604,11 @@ def _path_index(files):
     return index
 
 
-def _code_tokens(lines):
-    # The identifier-like tokens of code lines, with every sub-chain of dotted ones of up to 8 parts.
+def _code_tokens(text):
+    # The identifier-like tokens of code ([A-Za-z0-9_.]+, split in C over the UTF-8 bytes), with every sub-chain of
+    # dotted ones of up to 8 parts.
     out = set()
-    for t in set(_CODE_TOKEN.findall("\n".join(lines))):
+    for t in set(text.encode("utf-8").translate(_NOT_CODE_CHARS).decode("ascii", "replace").split()):
         parts = t.strip(".").split(".")
         out.add(t.strip("."))
         if len(parts) > 8:
@@ -591,12 +634,16 @@ def _claim_terms(claim, toks, index):
     return paths, idents, words
 
 
+_NOT_CODE_CHARS = bytes(c if chr(c) in "_." or chr(c).isascii() and chr(c).isalnum() else 32 for c in range(256))
+_SIGNED_LINES = {"+": re.compile(r"^\+[^\n]*", re.M), "-": re.compile(r"^-[^\n]*", re.M)}
+
+
 def _identifier_code(idents, words, lines):
     # Named identifiers must all be in the lines the action needs. Content words matter only when the claim names no
     # identifier: then one of them (or its stem) must be there ("rate limiting" is not a print).
     if idents:
         return "identifier_in_changed_lines" if idents <= _code_tokens(lines) else "identifier_not_in_changed_lines"
-    have = {v for w in set(_CODE_WORD.findall("\n".join(lines))) for v in _variants(w.lower())} if words else ()
+    have = {v for w in set(_CODE_WORD.findall(lines)) for v in _variants(w.lower())} if words else ()
     return "content_words_absent" if words and not any(v in have for w in words for v in _variants(w)) else None
 
 
@@ -626,8 +673,6 @@ def _deleted_files_code(toks, low, index, files):
 def judge_code_diff(claim, ev, ev_json=None):
     """{diff}: the paths, identifiers and action the claim names, against the parsed diff."""
     files, changed = parse_diff(ev["diff"])
-    if len(files) > BOUNDS["diff_files"]:
-        return ["evidence_too_large"], {}
     index = _path_index(files)
     details = {
         "files": files[:100],
@@ -649,7 +694,11 @@ def judge_code_diff(claim, ev, ev_json=None):
     # 2. identifiers (else content words) in the lines the action needs: added for add and check, removed for
     # remove, either for anything else
     signs = "+" if classes and classes <= {"add", "check"} else "-" if classes == {"remove"} else "+-"
-    identifier_code = _identifier_code(idents, words, [line[1:] for line in changed if line[0] in signs])
+    needed = "\n".join(changed)  # their signs are no part of any token
+    other = "-" if signs == "+" else "+"  # keep only one sign's lines, if the other sign has any
+    one_sign = signs in _SIGNED_LINES and (needed.startswith(other) or "\n" + other in needed)
+    needed = "\n".join(_SIGNED_LINES[signs].findall(needed)) if one_sign else needed
+    identifier_code = _identifier_code(idents, words, needed)
     # 3. the action against the lines moved in the named files (all files when none is named)
     scope = [files[i] for i in sorted(named)] if named else files
     # 4. when the claim names files and the diff changes others too: most changed lines elsewhere is critical
@@ -1160,9 +1209,14 @@ def judge(kind, claim, evidence, evidence_json=None):
     try:
         bad = check_evidence(kind, evidence)
         codes, details = ([bad], {}) if bad else _JUDGES[kind](claim, evidence, evidence_json)
+    except EvidenceTooLarge:
+        codes, details = ["evidence_too_large"], {}
+    except Exception:  # any bug: answered and signed, never dropped
+        return ["verifier_error"], {}, "unsafe_to_verify", 0.0
+    try:
         codes = codes or ["no_signal"]
         return (codes, details) + decide(codes)
-    except Exception:  # a misspelt code (KeyError in decide) or any bug: answered, signed, never dropped
+    except KeyError:  # a misspelt code: the vocabulary is closed
         return ["verifier_error"], {}, "unsafe_to_verify", 0.0
 
 
@@ -1406,7 +1460,7 @@ def strict_loads(raw, exact_ints=True):
     return strict_parse(raw, exact_ints)[0]
 
 
-def strict_parse(raw, exact_ints=True):
+def strict_parse(raw, exact_ints=True, levels=1):
     """(value, its canonical_members) of strict JSON (see strict_loads): the canonical text made for the checks is
     kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
     try:
@@ -1414,7 +1468,7 @@ def strict_parse(raw, exact_ints=True):
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
         refuse_constant = lambda name: _bad_json("NaN and Infinity are not JSON")
         value = json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=refuse_constant)
-        members = canonical_members(value, exact_ints)
+        members = canonical_members(value, exact_ints, levels)
         again = assemble_canonical(members)
         again.encode("utf-8")  # a lone surrogate cannot be encoded
     except RequestError:
@@ -1615,9 +1669,9 @@ class Service(object):
         if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
             return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
         try:
-            obj, members = strict_parse(raw)
+            obj, members = strict_parse(raw, levels=3 if path == "/mcp" else 1)
             if path == "/mcp":  # mcp() answers every message itself
-                reply = self.mcp(obj, None)
+                reply = self.mcp(obj, None, members)
                 return (202, None) if reply is None else (200, reply)
             if path == "/verify":
                 return 200, self.verify(validate_request(obj), members)
@@ -1630,7 +1684,7 @@ class Service(object):
         self.count("receipt_checks")
         return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
 
-    def mcp(self, msg, session):
+    def mcp(self, msg, session, members=None):
         # The JSON-RPC reply to a message, or None; session is None over HTTP (stateless), a dict over stdio.
         if isinstance(msg, list):
             if session is None or session.get("version") != "2025-03-26" or not msg:
@@ -1649,13 +1703,15 @@ class Service(object):
         if not has_id:
             return None  # notifications are never answered
         try:
-            return dict(jsonrpc="2.0", id=msg_id, result=self._method(msg["method"], msg.get("params", {}), session))
+            params_members = (members or {}).get("params")  # canonical_members of the message, 3 levels down
+            result = self._method(msg["method"], msg.get("params", {}), session, params_members)
+            return dict(jsonrpc="2.0", id=msg_id, result=result)
         except RequestError as e:
             return _rpc_error(msg_id, e.code, e.message)
         except Exception:
             return _rpc_error(msg_id, -32603, "Internal error")
 
-    def _method(self, method, params, session):
+    def _method(self, method, params, session, members):
         need(isinstance(params, dict), -32602, "Invalid params: params must be an object")
         if method == "ping":
             return {}
@@ -1663,7 +1719,7 @@ class Service(object):
             return self._initialize(params, session)
         need(method in ("tools/list", "tools/call"), -32601, "Method not found")
         need(session is None or session.get("version"), -32600, "Invalid Request: not initialized")
-        return {"tools": [TOOL]} if method == "tools/list" else self._call_tool(params)
+        return {"tools": [TOOL]} if method == "tools/list" else self._call_tool(params, members)
 
     def _initialize(self, params, session):
         # Negotiate the protocol version: the client's if supported, else our newest.
@@ -1681,12 +1737,13 @@ class Service(object):
             "A receipt proves what was judged, never that the claim is true.",
         }
 
-    def _call_tool(self, params):
+    def _call_tool(self, params, members):
         name, args = params.get("name"), params.get("arguments", {})
         need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
         need(name == TOOL["name"], -32602, "Unknown tool")
         try:
-            result = self.verify(validate_request(args))
+            args_members = members.get("arguments") if isinstance(members, dict) else None
+            result = self.verify(validate_request(args), args_members if isinstance(args_members, dict) else None)
         except RequestError as e:  # a tool execution error, so the model can correct its arguments
             return {"content": [_text_content("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
         return {"content": [_text_content(_json_text(result))], "structuredContent": result, "isError": False}
@@ -1702,7 +1759,8 @@ def serve_stdio(service, inp, out, max_line=4 << 20):
                     line = inp.readline(max_line)
                 _bad_json("message too large")
             with _REQUEST:
-                reply = service.mcp(strict_loads(line.strip()), session) if line.strip() else None
+                msg, members = strict_parse(line.strip(), levels=3) if line.strip() else (None, None)
+                reply = service.mcp(msg, session, members) if line.strip() else None
         except RequestError as e:
             reply = _rpc_error(None, -32700, "Parse error: " + e.message)
         try:
