@@ -187,6 +187,9 @@ def adversarial_bodies():
                 "\\n", '"}')),
         ("generic: one 1 MiB string", "/verify", verify("status is ok", '{"s": "', "a", '"}')),
         ("generic: 8 KiB claim of entities", "/verify", verify(entities, '{"a": [', '"https://h1.example/x",', '1]}')),
+        ("generic: 8 KiB claim of states x 60k keys", "/verify", json.dumps({"claim": " ".join(
+            "enabled k%d," % i for i in range(900))[:8000], "evidence": {"k%d" % i: i % 2 == 0 for i in range(60000)}}
+        ).encode()),
         ("generic: status keys under nests", "/verify",
          verify("status: ok", '{"a": [', '{"b": {"status": "failed", "ok": false}},', '1]}')),
         ("db_op: 64 KiB SQL of OR terms", "/verify", json.dumps({"claim": "Deleted user 5", "evidence": {
@@ -566,10 +569,37 @@ GENERIC = [
     ("true null false 2", {"a": [True, None, False]}, I, []),
     # review finding 10: repeated statements count once; small numbers are not entities; a failed status
     ("status is ok; status was ok", {"status": "ok"}, I, ["explicit_value_match"]),
+    # issue 11: a claimed outcome against a status value is judged (before: insufficient_evidence)
     ("Backup of 3 databases completed in 2 minutes with 0 errors",
-     {"status": "failed", "databases": 3, "minutes": 2, "errors": 0}, I, ["evidence_reports_failure"]),
-    ("Backup failed after 3 databases", {"status": "failed", "databases": 3}, I, []),
+     {"status": "failed", "databases": 3, "minutes": 2, "errors": 0}, C, ["outcome_conflict"]),
+    ("Backup failed after 3 databases", {"status": "failed", "databases": 3}, I, ["outcome_matches"]),
     ("The backup did not finish", {"status": "done"}, I, ["claim_negated"]),
+    ("The nightly backup ran", {"job": {"status": "timed_out"}}, I, ["evidence_reports_failure"]),
+    # issue 11: (subject, state) pairs; keys that merely match are no support
+    ("Enabled dark_mode, auto_save and beta_features", {"settings": {"dark_mode": False, "auto_save": False,
+                                                                     "beta_features": False}}, C, ["state_conflict"]),
+    ("Enabled dark_mode, auto_save and beta_features", {"settings": {"dark_mode": True, "auto_save": True,
+                                                                     "beta_features": True}}, V, ["state_matches"]),
+    ("Enabled dark_mode and auto_save", {"dark_mode": True, "auto_save": False}, C,
+     ["state_matches", "state_conflict"]),  # several keys, one conflicts
+    ("Turned off telemetry and crash_reports", {"telemetry": "off", "crash_reports": "disabled"}, V, ["state_matches"]),
+    ("Disabled telemetry", {"config": {"telemetry": True}}, C, ["state_conflict"]),
+    ("Did not enable dark_mode", {"dark_mode": True}, C, ["state_conflict", "claim_negated"]),
+    ("Did not enable dark_mode", {"dark_mode": False}, I, ["state_matches", "claim_negated"]),
+    ("dark_mode is on, auto_save is off", {"dark_mode": True, "auto_save": False}, V, ["explicit_value_match"]),
+    ("dark_mode is on", {"ui": {"dark_mode": False}}, C, ["explicit_value_conflict"]),
+    ("status: passed", {"status": "success"}, I, ["explicit_value_match"]),
+    ("Updated alpha_key, beta_key and gamma_key", {"alpha_key": 1, "beta_key": 2, "gamma_key": 3}, I, []),
+    # issue 11: status words against status, state, result, outcome, conclusion, ok and success at any depth
+    ("status failed", {"status": "ok"}, C, ["outcome_conflict"]),
+    ("The build passed", {"jobs": [{"conclusion": "success"}, {"conclusion": "failure"}]}, C, ["outcome_conflict"]),
+    ("The build passed", {"run": {"status": "completed", "conclusion": "success"}}, I, ["outcome_matches"]),
+    ("The build failed", {"run": {"status": "completed", "conclusion": "failure"}}, I, ["outcome_matches"]),
+    ("Deploy succeeded", {"response": {"ok": False}}, C, ["outcome_conflict"]),
+    ("Deploy succeeded", {"result": "success", "ok": True, "version": 12}, I, ["outcome_matches"]),
+    ("The tests did not pass", {"result": "passed"}, C, ["outcome_conflict", "claim_negated"]),
+    ("Migration completed", {"state": "timed_out"}, C, ["outcome_conflict"]),
+    ("Payment succeeded", {"outcome": "declined", "success": False}, C, ["outcome_conflict"]),
 ]
 
 

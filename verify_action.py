@@ -104,7 +104,12 @@ REASONS = {  # code: (kind, signal: + - ! (critical) unsafe 0 (neutral), meaning
     "entities_match": ("generic", "+", "One of >= 3 distinct claimed numbers >= 10, URLs, emails, identifiers found."),
     "explicit_value_match": ("generic", "+", "The value the claim states for a key (KEY is VALUE) equals evidence's."),
     "explicit_value_conflict": ("generic", "!", "A value the claim states for a key differs from the evidence's."),
-    "evidence_reports_failure": ("generic", "-", "A status, state, result or outcome key holds a failure word."),
+    "evidence_reports_failure": ("generic", "-", "The claim states no outcome; a status value reports a failure."),
+    "state_matches": ("generic", "+", "A key the claim says is on (enabled, true, active) or off holds that state."),
+    "state_conflict": ("generic", "!", "A key the claim says is on or off (did not enable: off) holds the other."),
+    "outcome_matches": ("generic", "+", "The claim's outcome (passed, failed...) agrees with every status value."),
+    "outcome_conflict": ("generic", "!", "A status, state, result, outcome, conclusion, ok or success value at any "
+                         "depth reports the outcome opposite to the claim's (did not pass: failure)."),
 }
 _SIGNAL_NAMES = {"+": "positive", "-": "negative", "!": "critical", "unsafe": "unsafe", "0": "neutral"}
 DECISION = (
@@ -1034,7 +1039,27 @@ def judge_api_call(claim, ev, ev_json=None):
 # ---- §3.6 generic ------------------------------------------------------------------------------------------
 
 _SCALAR = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*')  # a string or other scalar: a value's text
+_JSON_KEY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*":')  # a member's key in canonical JSON text
 _FILLERS = frozenset("not no now still also the a an being set already currently".split())  # never a stated value
+# States: what the claim says a key is (a negation before the word flips it), and how the evidence writes them.
+_CLAIM_STATES = dict.fromkeys("on enabled enable enables activated activate active true".split(), True)
+_CLAIM_STATES.update(dict.fromkeys("off disabled disable disables deactivated deactivate inactive false".split(), False))
+_VALUE_STATES = dict(dict.fromkeys("true on enabled active yes".split(), True),
+                     **dict.fromkeys("false off disabled inactive no".split(), False))
+# Outcomes (True: success): the claim's words, and the words of status values in the evidence. 'completed' and
+# 'done' claim success, but in evidence they say only that something finished (GitHub: status completed,
+# conclusion failure).
+_CLAIM_OUTCOMES = dict(dict.fromkeys("pass passed passes succeed succeeded succeeds success successful successfully "
+                                     "complete completed ok green".split(), True),
+                       **dict.fromkeys("fail failed fails failing errored timed cancelled canceled aborted "
+                                       "crashed".split(), False))
+_VALUE_OUTCOMES = dict(dict.fromkeys("ok success succeeded successful passed pass green".split(), True),
+                       **dict.fromkeys("failed failure fail error errored timeout timed_out cancelled canceled aborted "
+                                       "rejected denied invalid bounced".split(), False))
+_FLAG_KEYS = ("ok", "success")  # booleans that report an outcome
+# what a stated value means, so that 'dark_mode is on' meets true and 'status: passed' meets "success"
+_MEANINGS = dict([(w, ("state", v)) for w, v in list(_CLAIM_STATES.items()) + list(_VALUE_STATES.items())]
+                 + [(w, ("outcome", v)) for w, v in _VALUE_OUTCOMES.items()])
 
 
 def _claim_entities(toks):
@@ -1071,6 +1096,20 @@ def _stated_values(raw, toks):
     return stated
 
 
+def _claimed_states(low, text, stated):
+    # key -> the state (True: on) the claim gives it: each key of the evidence named within 6 tokens of a state word
+    # ('enabled dark_mode', 'auto_save is off') takes the nearest one's state, flipped by a negation before it
+    # ('did not enable x': off). Keys the claim states a value for are judged by that value instead. At most 32
+    # look-ups in the evidence text, so the work is bounded however long the claim.
+    words = [(i, _CLAIM_STATES[w] != _negated_at(low, i)) for i, w in enumerate(low) if w in _CLAIM_STATES]
+    near = sorted({j for i, _ in words for j in range(max(0, i - 6), min(len(low), i + 7))})
+    candidates = [low[j] for j in near if low[j] not in _CLAIM_STATES and low[j] not in _STOP and low[j] not in stated]
+    candidates = [w for w in dict.fromkeys(candidates) if w.replace("_", "a").replace("-", "a").isalnum()][:32]
+    keys = [w for w in candidates if '"%s":' % w in text]
+    nearest = lambda key: min(words, key=lambda word: abs(word[0] - low.index(key)))[1]
+    return {key: nearest(key) for key in keys}
+
+
 def _evidence_values(text, keys):
     # key -> the first 100 scalar values (texts) that canonical JSON text in lower case has for each of keys, at any
     # depth. str.find scans, in C: the work is bounded by the keys and the cap, not by the members of the evidence.
@@ -1093,32 +1132,51 @@ def _value_code(claimed, found):
         num = _number(val)
         typed = [v for v in found if (_number(v) is None) == (num is None)]
         if typed:
-            same.add(any(v == val or num is not None and _es_number(_number(v)) == _es_number(num) for v in typed))
+            meaning = _MEANINGS.get(val)
+            same.add(any(v == val or meaning and _MEANINGS.get(v) == meaning
+                         or num is not None and _es_number(_number(v)) == _es_number(num) for v in typed))
     if not same:
         return None
     return "explicit_value_conflict" if False in same else "explicit_value_match"
 
 
+def _outcome_code(low, values, stated):
+    # The claim's outcome words (a negation flips them: 'did not pass') against the outcomes the evidence's status
+    # values and ok/success flags report at any depth; keys the claim states a value for are judged by that value.
+    claimed = {_CLAIM_OUTCOMES[w] != _negated_at(low, i) for i, w in enumerate(low) if w in _CLAIM_OUTCOMES}
+    reported = {_VALUE_OUTCOMES.get(v.strip()) for k in _STATUS_KEYS - set(stated) for v in values.get(k, ())}
+    reported |= {_VALUE_STATES.get(v) for k in _FLAG_KEYS if k not in stated for v in values.get(k, ())}
+    reported.discard(None)
+    if len(claimed) != 1:  # none, or both: the claim states no outcome
+        return "evidence_reports_failure" if False in reported else None
+    intent = claimed.pop()
+    return "outcome_conflict" if (not intent) in reported else "outcome_matches" if intent in reported else None
+
+
 def judge_generic(claim, ev, ev_json=None):
-    """Any object, judged conservatively: at least 3 distinct entities found, values the claim states for keys
-    (KEY is VALUE) against the evidence's, and a failure word in a status key."""
+    """Any object, judged conservatively: at least 3 distinct entities among the evidence's values (a key that
+    matches is not support), values the claim states for keys (KEY is VALUE), states it gives keys (enabled X),
+    and its outcome (passed, failed) against every status value."""
     text = (ev_json if ev_json is not None else _canonical_text(ev)).lower()
     raw = _TOKEN.findall(claim)
     toks = [_strip(t) for t in raw]
     low = [t.lower() for t in toks]
     entities, matched = _claim_entities(toks), []
     if len(entities) >= 3:  # fewer cannot support a verdict: the evidence is not tokenised for them
-        have = set(_TOKEN.findall(text.replace(",", ", ").replace('":', '": ')))  # values apart from keys
+        values_text = _JSON_KEY.sub(" ", text).replace(",", ", ")  # values only, apart from each other
+        have = set(_TOKEN.findall(values_text))
         endings = ("", ".", ",", ":", "/", "!", "?")  # what may follow a value in JSON text or prose
         matched = [e for e in entities if any(e + s in have for s in endings)]
     codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
     stated = _stated_values(raw, toks)
-    values = _evidence_values(text, set(stated) | _STATUS_KEYS)
+    states = _claimed_states(low, text, stated)
+    values = _evidence_values(text, set(stated) | set(states) | _STATUS_KEYS | set(_FLAG_KEYS))
     for key, claimed in stated.items():
         codes.append(_value_code(claimed, values.get(key, [])[:100]))
-    reports_failure = any(v.strip() in _STATUS_FAIL for k in _STATUS_KEYS for v in values.get(k, ()))
-    if reports_failure and _FAIL_WORDS.isdisjoint(low):
-        codes.append("evidence_reports_failure")
+    for key, state in states.items():  # one code a key: any value of the other state conflicts
+        found = {_VALUE_STATES.get(v) for v in values.get(key, ())} - {None}
+        codes.append(None if not found else "state_conflict" if (not state) in found else "state_matches")
+    codes.append(_outcome_code(low, values, stated))
     if not _NOT.isdisjoint(low):
         codes.append("claim_negated")
     return [c for c in codes if c], {"entities_matched": len(matched)}
