@@ -21,10 +21,9 @@ VERSION, SCHEMA = "1.0.0", "verify_action_receipt.v0"
 VERDICTS = ("verified", "contradicted", "insufficient_evidence", "unsafe_to_verify")
 LEGACY = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected")))  # the peer's verdict names, kept as aliases
 KINDS = ("code_diff", "db_op", "file_op", "api_call", "generic")
-MAX_CLAIM, MAX_CONTEXT = 8192, 8192  # characters (code points)
-MAX_DEPTH = 32  # JSON nesting; the request object is level 1
-MAX_BODY = 1 << 20  # bytes of a POST body (--max-body)
-MAX_CALLER_KEYS, MAX_CALLER_STR = 8, 64
+# characters (code points) of claim and context; JSON nesting (the request object is level 1); bytes of a POST
+# body (--max-body); caller_context keys and characters
+MAX_CLAIM, MAX_CONTEXT, MAX_DEPTH, MAX_BODY, MAX_CALLER_KEYS, MAX_CALLER_STR = 8192, 8192, 32, 1 << 20, 8, 64
 REQUEST_FIELDS = ("claim", "evidence", "kind", "context", "caller_context")
 BOUNDS = {  # per-kind evidence bounds: beyond them the verdict is unsafe_to_verify (evidence_too_large)
     "diff_chars": 4 << 20,
@@ -36,13 +35,11 @@ BOUNDS = {  # per-kind evidence bounds: beyond them the verdict is unsafe_to_ver
     "count_max": 2**53,
 }
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")  # MCP, newest first
-PROVES = (
+PROVES, NOT_PROVES = (
     "Which service (key id kid) judged which exact request (SHA-256 of the claim, of the evidence and "
-    "of the whole request in RFC 8785 canonical form), when, and with what verdict and reason codes."
-)
-NOT_PROVES = (
+    "of the whole request in RFC 8785 canonical form), when, and with what verdict and reason codes.",
     "That the claim is true. The service never reaches into databases, repositories or APIs; it only "
-    "judges whether the evidence is consistent with the claim, and evidence can be fabricated or incomplete."
+    "judges whether the evidence is consistent with the claim, and evidence can be fabricated or incomplete.",
 )
 REASONS = {  # code: (kind, signal: + - ! (critical) unsafe 0 (neutral), meaning); closed: nothing else is emitted
     "no_signal": ("any", "0", "No rule found anything in the evidence to compare with the claim."),
@@ -112,13 +109,11 @@ REASONS = {  # code: (kind, signal: + - ! (critical) unsafe 0 (neutral), meaning
                          "depth reports the outcome opposite to the claim's (did not pass: failure)."),
 }
 _SIGNAL_NAMES = {"+": "positive", "-": "negative", "!": "critical", "unsafe": "unsafe", "0": "neutral"}
-DECISION = (
+DECISION, CONFIDENCE = (
     "any unsafe code -> unsafe_to_verify; any critical -> contradicted; no negatives and >= 2 positives "
-    "-> verified; >= 2 negatives and no positives -> contradicted; otherwise insufficient_evidence."
-)
-CONFIDENCE = (
+    "-> verified; >= 2 negatives and no positives -> contradicted; otherwise insufficient_evidence.",
     "confidence in the stated verdict: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted 0.9 with a "
-    "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0."
+    "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0.",
 )
 
 
@@ -126,10 +121,8 @@ def decide(codes):
     """(verdict, confidence) by the fixed rule (DECISION, CONFIDENCE) over reason codes; repeats count."""
     signals = [REASONS[code][1] for code in codes]
     positives, negatives = signals.count("+"), signals.count("-")
-    if "unsafe" in signals:
-        return "unsafe_to_verify", 0.0
-    if "!" in signals:
-        return "contradicted", 0.9
+    if "unsafe" in signals or "!" in signals:
+        return ("unsafe_to_verify", 0.0) if "unsafe" in signals else ("contradicted", 0.9)
     if not negatives and positives >= 2:
         return "verified", round(min(0.95, 0.6 + 0.1 * (positives - 2)), 3)
     if negatives >= 2 and not positives:
@@ -156,31 +149,13 @@ _b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii
 
 
 def _es_number(x):
-    # A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires.
+    # A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires: integers below 2^53 as they are,
+    # any other as a double (2^60 is 1152921504606847000), in repr's digits laid out by _ES_LAYOUT.
     if isinstance(x, int) and -(2**53) < x < 2**53:
         return str(x)
-    f = float(x)
-    if f != f or f in (float("inf"), float("-inf")):
+    if x != x or x in (float("inf"), float("-inf")):
         raise ValueError("NaN and Infinity have no canonical JSON form")
-    if f == 0:
-        return "0"
-    # the shortest round-trip digits (repr), without leading or trailing zeros, and the position n of the decimal
-    # point: abs(f) = 0.<digits> x 10^n
-    mantissa, _, exponent = repr(abs(f)).partition("e")
-    whole, _, fraction = mantissa.partition(".")
-    digits = (whole + fraction).lstrip("0")
-    n = len(whole) + int(exponent or 0) - (len(whole + fraction) - len(digits))
-    digits = digits.rstrip("0")
-    k = len(digits)
-    if k <= n <= 21:  # a whole number below 1e21
-        text = digits + "0" * (n - k)
-    elif 0 < n <= 21:  # digits on both sides of the point
-        text = digits[:n] + "." + digits[n:]
-    elif -6 < n <= 0:  # down to 0.000001 without an exponent
-        text = "0." + "0" * -n + digits
-    else:
-        text = digits[0] + ("." + digits[1:] if k > 1 else "") + "e%+d" % (n - 1)
-    return ("-" if f < 0 else "") + text
+    return "0" if x == 0 else _es_floats("[%r]" % float(x))[1:-1]
 
 
 def _jcs(v):
@@ -221,8 +196,10 @@ _ES_LAYOUT = [
      + ")", ""),
     ("e+", _E16_20, ""),
 ]
-_ES_LAYOUT = [(gate, re.compile(pattern), literal) for gate, pattern, literal in _ES_LAYOUT]
-_ES_GATES = {gate for gate, _, _ in _ES_LAYOUT}
+_ES_LAYOUT, _ES_GATES = (
+    [(gate, re.compile(pattern), literal) for gate, pattern, literal in _ES_LAYOUT],
+    {gate for gate, _, _ in _ES_LAYOUT},
+)
 
 
 def _es_floats(text):
@@ -280,12 +257,14 @@ def assemble_canonical(members):
 
 # ---- §3.1 Words, tokens and the things a claim names -------------------------------------------------------
 
-_TOKEN = re.compile(r"[^\s`'\"();<>\[\]{}|]+")
-_CODE_TOKEN, _ALPHA = re.compile(r"[A-Za-z0-9_.]+"), re.compile(r"[a-z]+")
-_URLS = re.compile(r"(?i)\bhttps?://([^/?#\s\"'<>]*)(/[^?#\s\"'<>]*)?")  # netloc, then a path: classes never overlap
-_CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")  # camelCase and CAPS split; backtracks one char at most
-_SQL_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*|[0-9]+|<>|!=|<=|>=|\S")
-_SQL_SKIP = re.compile(r"['\"`]|--|/\*")
+_TOKEN, _ALPHA = re.compile(r"[^\s`'\"();<>\[\]{}|]+"), re.compile(r"[a-z]+")
+# a URL's netloc, then its path (the classes never overlap); words of code, camelCase and CAPS split (it backtracks
+# one character at most)
+_URLS, _CODE_WORD = (
+    re.compile(r"(?i)\bhttps?://([^/?#\s\"'<>]*)(/[^?#\s\"'<>]*)?"),
+    re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+"),
+)
+_SQL_TOKEN, _SQL_SKIP = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*|[0-9]+|<>|!=|<=|>=|\S"), re.compile(r"['\"`]|--|/\*")
 EXTENSIONS = frozenset("""py js ts tsx jsx go rs c h cc cpp hpp java kt rb php cs swift m sh bash md txt json yaml
     yml toml ini cfg conf html htm css scss sql xml csv tsv lock log env gradle mk r scala lua pl proto dart vue
     svelte ex hs ml tf dockerfile gitignore pdf png jpg jpeg gif svg zip gz tar bin so ipynb db sqlite""".split())
@@ -347,15 +326,20 @@ _FILE_STATES = {  # (exists_before, exists_after) each file_op verb needs; None:
     "rename": (True, True),
 }
 _ALL_VERBS = frozenset(_CODE_VERBS) | frozenset(_DB_VERBS) | frozenset(_FILE_VERBS)
-_OK_WORDS = frozenset("sent delivered posted created succeeded ok success successful successfully accepted".split())
-_FAIL_WORDS = frozenset("failed fail fails failure error errored rejected bounced denied unsuccessful unable".split())
-_STATUS_OK = frozenset("ok success succeeded successful sent delivered accepted created completed done".split())
-_STATUS_FAIL = frozenset("error failed failure fail rejected bounced denied invalid".split())
+# api_call: a claim's success and failure words, and a response body's status words
+_OK_WORDS, _FAIL_WORDS = (frozenset(words.split()) for words in (
+    "sent delivered posted created succeeded ok success successful successfully accepted",
+    "failed fail fails failure error errored rejected bounced denied unsuccessful unable"))
+_STATUS_OK, _STATUS_FAIL = (frozenset(words.split()) for words in (
+    "ok success succeeded successful sent delivered accepted created completed done",
+    "error failed failure fail rejected bounced denied invalid"))
 _STATUS_KEYS, _ARTICLES = frozenset("status state result outcome conclusion".split()), ("the", "a", "an", "file")
 _NOT_NOUN = _STOP | _NOT_ID | _ALL_VERBS | _OK_WORDS | _FAIL_WORDS | _STATUS_OK  # never the noun of 'user 5'
-_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10**6, "mib": 1 << 20, "gb": 10**9,
-               "gib": 1 << 30}
-_EMAIL_LOCAL = {ord(c): "a" for c in "._+-%"}  # characters allowed in an email's local part besides letters, digits
+# bytes a size unit means; the characters an email's local part may hold besides letters and digits
+_SIZE_UNITS, _EMAIL_LOCAL = (
+    {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10**6, "mib": 1 << 20, "gb": 10**9, "gib": 1 << 30},
+    {ord(c): "a" for c in "._+-%"},
+)
 
 
 # Small pure helpers, one expression each.
@@ -392,13 +376,11 @@ def _identifier(tok, explicit=False):
 def _email(tok):
     # The address in lower case if tok is an email address, else None.
     local, at, domain = tok.partition("@")
-    domain_ok = (
-        "." in domain.strip(".")
-        and not domain.startswith(".")
-        and not domain.endswith(".")
+    ok = (
+        at and local and local.translate(_EMAIL_LOCAL).isalnum()
+        and "." in domain.strip(".") and not domain.startswith(".") and not domain.endswith(".")
         and domain.replace(".", "a").replace("-", "a").isalnum()
     )
-    ok = at and local and domain_ok and local.translate(_EMAIL_LOCAL).isalnum()
     return tok.lower() if ok else None
 
 
@@ -438,10 +420,10 @@ def _claim_ids(low):
     ids = set()
     for i, t in enumerate(low):
         nxt = low[i + 1] if i + 1 < len(low) else ""
-        if t.startswith("#") and _digits(t[1:]) and len(t) <= 19:
-            ids.add(("", str(int(t[1:]))))
-        elif t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21:
-            ids.add(("", str(int(t[3:]))))
+        if (t.startswith("#") and _digits(t[1:]) and len(t) <= 19) or (
+            t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21
+        ):
+            ids.add(("", str(int(t[1 if t[0] == "#" else 3 :]))))
         elif _digits(nxt) and len(nxt) <= 18 and (t == "id" or t.endswith("_id") or _id_noun(t)):
             noun = t[:-3] if t.endswith("_id") else "" if t == "id" else t
             ids.add((_singular(noun), str(int(nxt))))
@@ -460,11 +442,9 @@ def _verb_classes(low, table):
 
 def _claim_count(low, verbs):
     # The integer right after an action verb ('deleted 10 rows', 'removed all 3'), else None.
-    for i in (i for i, t in enumerate(low) if t in verbs):
-        n = next((_number(w) for w in low[i + 1 : i + 4] if w not in ("the", "all", "exactly", "only")), None)
-        if isinstance(n, int):
-            return n
-    return None
+    after = (low[i + 1 : i + 4] for i, t in enumerate(low) if t in verbs)
+    numbers = (next((_number(w) for w in words if w not in ("the", "all", "exactly", "only")), None) for words in after)
+    return next((n for n in numbers if isinstance(n, int)), None)
 
 
 # (key, value text) of every member, at any depth, valued a scalar or a flat list in json.dumps text: one C pass
@@ -505,12 +485,6 @@ def _new_file(files, old, new):
     return files[-1]
 
 
-def _hunk_sizes(line):
-    # [old lines, new lines] an '@@ -a,b +c,d @@' line announces (a missing count is 1, a malformed one 0).
-    counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
-    return [int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]]
-
-
 class EvidenceTooLarge(ValueError):
     """A rule stopped at a bound (BOUNDS) of its kind: the verdict is unsafe_to_verify (evidence_too_large)."""
 
@@ -524,8 +498,7 @@ _DIFF_HEADER = re.compile(
 # The end of a run of lines a hunk may hold (added, removed, context, "\ No newline at end of file", and blank lines:
 # context that lost its space): a newline before any other line. A run always ends before the next @@ line, so
 # runs never overlap: linear.
-_HUNK_END = re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)")
-_HUNK_START = ("-", "+", " ", "\\", "\n", "\r\n")
+_HUNK_END, _HUNK_START = re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)"), ("-", "+", " ", "\\", "\n", "\r\n")
 
 
 def _hunk_body(text, start, old, new):
@@ -538,7 +511,8 @@ def _hunk_body(text, start, old, new):
     lines = text[start : stop.start() if stop else len(text)].split("\n")
     marks = "".join([line[:1] or " " for line in lines]).replace("\r", " ")
     fits = lambda k: (
-        marks.count("-", 0, k) + marks.count(" ", 0, k) <= old and marks.count("+", 0, k) + marks.count(" ", 0, k) <= new
+        marks.count("-", 0, k) + marks.count(" ", 0, k) <= old
+        and marks.count("+", 0, k) + marks.count(" ", 0, k) <= new
     )
     low, high = (len(lines), len(lines)) if fits(len(lines)) else (0, len(lines))  # mostly the whole run fits
     while low < high:  # the largest k whose first k lines fit
@@ -575,7 +549,9 @@ def parse_diff(text):
         elif line.startswith("@@ "):
             current = current if current is not None else _new_file(files, "", "")
             git_header = False
-            lines, marks = _hunk_body(text, at, *_hunk_sizes(line))
+            # the old and new line counts of '@@ -a,b +c,d @@' (a missing count is 1, a malformed one 0)
+            counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
+            lines, marks = _hunk_body(text, at, *(int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]))
             current["added"] += marks.count("+")
             current["removed"] += marks.count("-")
             changed += lines if " " not in marks and "\\" not in marks else [
@@ -599,16 +575,6 @@ def parse_diff(text):
     raise EvidenceTooLarge()
 
 
-def _path_index(files):
-    # Every whole-component suffix (of up to 16 components) of every path in the diff -> its file numbers.
-    index = {}
-    for i, f in enumerate(files):
-        for comps in (p.split("/") for p in {f["old"], f["new"]} - {"", "/dev/null"}):
-            for k in range(max(0, len(comps) - 16), len(comps)):
-                index.setdefault("/".join(comps[k:]), set()).add(i)
-    return index
-
-
 def _code_tokens(text):
     # The identifier-like tokens of code ([A-Za-z0-9_.]+, split in C over the UTF-8 bytes), with every sub-chain of
     # dotted ones of up to 8 parts.
@@ -616,10 +582,8 @@ def _code_tokens(text):
     for t in set(text.encode("utf-8").translate(_NOT_CODE_CHARS).decode("ascii", "replace").split()):
         parts = t.strip(".").split(".")
         out.add(t.strip("."))
-        if len(parts) > 8:
-            out.update(parts)
-        else:
-            out.update(".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
+        out.update(parts if len(parts) > 8 else (
+            ".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)))
     return out
 
 
@@ -639,8 +603,11 @@ def _claim_terms(claim, toks, index):
     return paths, idents, words
 
 
-_NOT_CODE_CHARS = bytes(c if chr(c) in "_." or chr(c).isascii() and chr(c).isalnum() else 32 for c in range(256))
-_SIGNED_LINES = {"+": re.compile(r"^\+[^\n]*", re.M), "-": re.compile(r"^-[^\n]*", re.M)}
+# bytes that are no part of a code token ([A-Za-z0-9_.]+) -> ' '; the lines of one sign
+_NOT_CODE_CHARS, _SIGNED_LINES = (
+    bytes(c if chr(c) in "_." or chr(c).isascii() and chr(c).isalnum() else 32 for c in range(256)),
+    {"+": re.compile(r"^\+[^\n]*", re.M), "-": re.compile(r"^-[^\n]*", re.M)},
+)
 
 
 def _identifier_code(idents, words, lines):
@@ -650,18 +617,6 @@ def _identifier_code(idents, words, lines):
         return "identifier_in_changed_lines" if idents <= _code_tokens(lines) else "identifier_not_in_changed_lines"
     have = {v for w in set(_CODE_WORD.findall(lines)) for v in _variants(w.lower())} if words else ()
     return "content_words_absent" if words and not any(v in have for w in words for v in _variants(w)) else None
-
-
-def _action_code(classes, scope):
-    # Whether the lines in scope (the named files, else all) moved as every claimed action needs.
-    added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
-    moved = {
-        "add": added > 0,
-        "check": added > 0,
-        "remove": removed or any(f["status"] == "deleted" for f in scope),
-        "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope),
-    }
-    return "action_matches_lines" if all(moved[c] for c in classes) else "action_mismatch_lines"
 
 
 def _deleted_files_code(toks, low, index, files):
@@ -678,7 +633,10 @@ def _deleted_files_code(toks, low, index, files):
 def judge_code_diff(claim, ev, ev_json=None):
     """{diff}: the paths, identifiers and action the claim names, against the parsed diff."""
     files, changed = parse_diff(ev["diff"])
-    index = _path_index(files)
+    index = {}  # every whole-component suffix (of up to 16 components) of every path in the diff -> file numbers
+    for i, comps in ((i, p.split("/")) for i, f in enumerate(files) for p in {f["old"], f["new"]} - {"", "/dev/null"}):
+        for k in range(max(0, len(comps) - 16), len(comps)):
+            index.setdefault("/".join(comps[k:]), set()).add(i)
     details = {
         "files": files[:100],
         "files_changed": len(files),
@@ -706,13 +664,20 @@ def judge_code_diff(claim, ev, ev_json=None):
     identifier_code = _identifier_code(idents, words, needed)
     # 3. the action against the lines moved in the named files (all files when none is named)
     scope = [files[i] for i in sorted(named)] if named else files
+    added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
+    moved = {
+        "add": added > 0,
+        "check": added > 0,
+        "remove": removed or any(f["status"] == "deleted" for f in scope),
+        "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope),
+    }
     # 4. when the claim names files and the diff changes others too: most changed lines elsewhere is critical
     total = sum(f["added"] + f["removed"] for f in files)
-    elsewhere = total - sum(f["added"] + f["removed"] for f in scope)
+    elsewhere = total - added - removed
     codes = [
         path_code if claimed else None,
         identifier_code,
-        _action_code(classes, scope) if classes else None,
+        None if not classes else "action_matches_lines" if all(moved[c] for c in classes) else "action_mismatch_lines",
         _deleted_files_code(toks, low, index, files),
         "claim_negated" if negated else None,
         None if not named or len(named) >= len(files)
@@ -749,23 +714,6 @@ def _strip_sql(sql):
         i = j + len(end)
 
 
-def _statement_kind(toks):
-    # (kind, index of its keyword, index of the first ';' outside parentheses) of the first statement. After WITH, the
-    # kind is that of the first statement keyword outside parentheses.
-    kind, depth, start, end = None, 0, 0, len(toks)
-    first = toks[0].upper() if toks else ""
-    for i, t in enumerate(toks):
-        depth += (t == "(") - (t == ")")
-        if t == ";" and depth <= 0:
-            end = i
-            break
-        if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in _SQL_KINDS:
-            kind, start = _SQL_KINDS[t.upper()], i
-    if kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end]):
-        kind = "merge"  # INSERT ... ON CONFLICT / ON DUPLICATE KEY: an upsert
-    return kind, start, end
-
-
 def _where_ids(toks, start, end):
     # (ids, broad) of the WHERE clause in toks[start:end]: the numbers compared with an id column (id = N, N = id, id IN
     # (N, ...)), and whether the clause may reach other rows (OR, NOT, <>, !=, a subquery).
@@ -773,10 +721,9 @@ def _where_ids(toks, start, end):
     number = lambda j: str(int(toks[j])) if start <= j < end and _digits(toks[j]) and len(toks[j]) <= 18 else None
     ids, where, broad, i = set(), False, False, start
     while i < end:  # each token is looked at a bounded number of times: linear
-        up, column = toks[i].upper(), toks[i].rsplit(".", 1)[-1].lower()
-        following = toks[i + 1].upper() if i + 1 < end else ""
+        up, column, following = toks[i].upper(), toks[i].rsplit(".", 1)[-1].lower(), "".join(toks[i + 1 : i + 2])
         where = where or up == "WHERE"
-        broad = broad or where and (up in ("OR", "<>", "!=") or up == "NOT" and following != "NULL")
+        broad = broad or where and (up in ("OR", "<>", "!=") or up == "NOT" and following.upper() != "NULL")
         if where and (column == "id" or column.endswith("_id") or toks[i].endswith("Id")):
             if [t.upper() for t in toks[i + 1 : i + 3]] == ["IN", "("]:  # id IN (1, 2, 3): at most 1000 tokens
                 stop = next((j for j in range(i + 3, min(end, i + 1003)) if toks[j] == ")"), min(end, i + 1003))
@@ -796,18 +743,18 @@ def _where_ids(toks, start, end):
 def sql_facts(sql):
     """(kind, ids in the first statement's WHERE, WHERE broad: OR/NOT/<>/!=/subquery, more statements)."""
     toks = _SQL_TOKEN.findall(_strip_sql(sql))
-    kind, start, end = _statement_kind(toks)
-    ids, broad = _where_ids(toks, start, end)
-    return kind, ids, broad, any(t != ";" for t in toks[end + 1 :])
-
-
-def _affected_rows_code(claimed, writes, affected, delta):
-    # affected_rows against the claimed write; consistency needs the row delta too (an update moves none)
-    if writes and affected == 0:
-        return "affected_rows_zero"
-    if writes and affected is not None and delta is not None and claimed != "update":
-        return "affected_rows_consistent" if affected == abs(delta) else "affected_rows_mismatch"
-    return "affected_rows_consistent" if claimed == "update" and affected is not None and delta == 0 else None
+    # the first statement: its kind, its keyword at start, and its end at the first ';' outside parentheses (after
+    # WITH, the kind is that of the first statement keyword outside parentheses)
+    kind, depth, start, end, first = None, 0, 0, len(toks), toks[0].upper() if toks else ""
+    for i, t in enumerate(toks):
+        depth += (t == "(") - (t == ")")
+        if t == ";" and depth <= 0:
+            end = i
+            break
+        if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in _SQL_KINDS:
+            kind, start = _SQL_KINDS[t.upper()], i
+    upsert = kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end])  # ON CONFLICT
+    return ("merge" if upsert else kind,) + _where_ids(toks, start, end) + (any(t != ";" for t in toks[end + 1 :]),)
 
 
 def judge_db_op(claim, ev, ev_json=None):
@@ -816,8 +763,9 @@ def judge_db_op(claim, ev, ev_json=None):
     low = [t.lower() for t in _tokens(claim)]
     classes, negated = _verb_classes(low, _DB_VERBS)
     writes = classes - {"read"}
-    before, after = ev.get("before_count"), ev.get("after_count")
-    affected, operation = ev.get("affected_rows"), ev.get("operation")
+    before, after, affected, operation = (
+        ev.get(k) for k in ("before_count", "after_count", "affected_rows", "operation")
+    )
     delta = after - before if before is not None and after is not None else None
     sql_kind, sql_ids, broad, several = sql_facts(operation) if operation is not None else (None, set(), False, False)
     claimed = next(iter(writes)) if len(writes) == 1 else "read" if classes == {"read"} else None
@@ -832,8 +780,12 @@ def judge_db_op(claim, ev, ev_json=None):
     }
     if len(writes) > 1:
         return ["conflicting_verbs"], details
-    if delta is not None:  # the sign each action needs
-        fits = {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}
+    # the sign of the row delta each action needs
+    fits = (
+        {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}
+        if delta is not None
+        else {}
+    )
     known = {affected, abs(delta) if delta is not None and claimed != "update" else None} - {None}  # counts to meet
     ids = {n for _, n in _claim_ids(low)}
     codes = [
@@ -844,7 +796,11 @@ def judge_db_op(claim, ev, ev_json=None):
         else "sql_kind_conflicts" if sql_kind == "read" else "sql_kind_mismatch",
         "sql_multiple_statements" if several else None,
         None if not claimed or delta is None else "row_delta_matches" if fits[claimed] else "row_delta_mismatch",
-        _affected_rows_code(claimed, writes, affected, delta),
+        # affected_rows against the claimed write; consistency needs the row delta too (an update moves none)
+        "affected_rows_zero" if writes and affected == 0
+        else ("affected_rows_consistent" if affected == abs(delta) else "affected_rows_mismatch")
+        if writes and affected is not None and delta is not None and claimed != "update"
+        else "affected_rows_consistent" if claimed == "update" and affected is not None and delta == 0 else None,
         # the count in the claim ('deleted 10 rows') against affected_rows and the size of the row delta
         None if count is None or not known else "count_matches" if count in known else "count_mismatch",
         None if not ids
@@ -862,22 +818,12 @@ def _quantities(low):
     out = []
     for i, t in enumerate(low):
         j = len(t) - len(t.lstrip("0123456789.,")) if len(t) <= 32 else 0  # the length of a leading number
-        n = _number(t[:j]) if j else None
-        unit = t[j:] or (low[i + 1] if i + 1 < len(low) else "")
+        n, unit = _number(t[:j]) if j else None, t[j:] or (low[i + 1] if i + 1 < len(low) else "")
         if n is not None and unit in ("line", "lines") and isinstance(n, int):
             out.append((i, "lines", n))
         elif n is not None and unit in _SIZE_UNITS:
             out.append((i, "bytes", n * _SIZE_UNITS[unit]))
     return out
-
-
-def _file_verbs(low, quantities):
-    # (verb classes, negated, indexes of editing verbs). 'Removed 3 lines', 'appended 2 KB': a verb followed by a
-    # quantity changes content (modify), and its number is a change, not a total.
-    edits = {i - 1 for i, _, _ in quantities if i and _FILE_VERBS.get(low[i - 1]) not in (None, "write", "rename")}
-    classes, negated = _verb_classes(["modify" if i in edits else w for i, w in enumerate(low)], _FILE_VERBS)
-    classes -= {"write"} if len(classes) > 1 else set()  # 'created x and wrote 3 lines' is one action
-    return classes, negated, edits
 
 
 def _file_path_code(toks, verb, path, new):
@@ -895,51 +841,44 @@ def _file_path_code(toks, verb, path, new):
     return "path_mismatch" if unknown else "path_matches" if claimed else "path_not_named", claimed
 
 
-def _existence_code(verb, new, ev):
-    # exists_before and exists_after against what the verb needs (for a rename they describe path, new_path).
-    if verb == "rename" and not new:
-        return "new_path_missing"
-    want_before, want_after = _FILE_STATES.get(verb, (None, None))
-    return (
-        None if not verb
-        else "end_state_mismatch" if ev["exists_after"] != want_after
-        else "start_state_mismatch" if want_before is not None and ev["exists_before"] != want_before
-        else "existence_matches"
-    )
-
-
-def _count_codes(lines, sizes, line_count, size_bytes):
-    # Stated totals. Lines: equal is positive, off by more than 10% or 50 lines critical, in between negative.
-    # Sizes: within 1% positive, off by more than 50% critical, in between negative.
-    off = abs(lines[0] - line_count) if lines and line_count is not None else None
-    relative = None
-    if sizes and size_bytes is not None:
-        relative = abs(sizes[0] - size_bytes) / size_bytes if size_bytes else float(sizes[0] != 0)
-    return [
-        None if off is None
-        else "line_count_matches" if off == 0
-        else "line_count_mismatch" if off > 50 or off > 0.1 * line_count else "line_count_off",
-        None if relative is None
-        else "size_matches" if relative <= 0.01 else "size_mismatch" if relative > 0.5 else "size_off",
-    ]
-
-
 def judge_file_op(claim, ev, ev_json=None):
     """{path, exists_before, exists_after, line_count?, size_bytes?, new_path?}: verb vs existence, named paths vs
     path and new_path, stated totals vs line_count and size_bytes."""
-    toks, low = _words(claim)
-    path, new = ev["path"], ev.get("new_path")
+    (toks, low), path, new = _words(claim), ev["path"], ev.get("new_path")
     quantities = _quantities(low)
-    classes, negated, edits = _file_verbs(low, quantities)
+    # 'Removed 3 lines', 'appended 2 KB': a verb before a quantity changes content (modify), and its number is a
+    # change, not a total
+    edits = {i - 1 for i, _, _ in quantities if i and _FILE_VERBS.get(low[i - 1]) not in (None, "write", "rename")}
+    classes, negated = _verb_classes(["modify" if i in edits else w for i, w in enumerate(low)], _FILE_VERBS)
+    classes -= {"write"} if len(classes) > 1 else set()  # 'created x and wrote 3 lines' is one action
     verb = next(iter(classes)) if len(classes) == 1 else None
     details = {"claimed_action": verb, "path": path, "new_path": new}
     if len(classes) > 1:
         return ["conflicting_verbs"], details
     path_code, claimed = _file_path_code(toks, verb, path, new)
-    lines = [v for i, unit, v in quantities if unit == "lines" and i - 1 not in edits]  # totals, not changes
-    sizes = [v for i, unit, v in quantities if unit == "bytes" and i - 1 not in edits]
-    codes = ["claim_negated" if negated else None, path_code, _existence_code(verb, new, ev)]
-    codes += _count_codes(lines, sizes, ev.get("line_count"), ev.get("size_bytes"))
+    lines, sizes = ([v for i, u, v in quantities if u == unit and i - 1 not in edits] for unit in ("lines", "bytes"))
+    want_before, want_after = _FILE_STATES.get(verb, (None, None))  # for a rename they describe path, new_path
+    line_count, size_bytes = ev.get("line_count"), ev.get("size_bytes")
+    off = abs(lines[0] - line_count) if lines and line_count is not None else None
+    relative = abs(sizes[0] - size_bytes) / (size_bytes or 1) if sizes and size_bytes is not None else None
+    relative = float(sizes[0] != 0) if relative is not None and not size_bytes else relative
+    codes = [
+        "claim_negated" if negated else None,
+        path_code,
+        # exists_before and exists_after against what the verb needs
+        "new_path_missing" if verb == "rename" and not new
+        else None if not verb
+        else "end_state_mismatch" if ev["exists_after"] != want_after
+        else "start_state_mismatch" if want_before is not None and ev["exists_before"] != want_before
+        else "existence_matches",
+        # stated totals. Lines: equal is positive, off by more than 10% or 50 lines critical, in between negative
+        None if off is None
+        else "line_count_matches" if off == 0
+        else "line_count_mismatch" if off > 50 or off > 0.1 * line_count else "line_count_off",
+        # sizes: within 1% positive, off by more than 50% critical, in between negative
+        None if relative is None
+        else "size_matches" if relative <= 0.01 else "size_mismatch" if relative > 0.5 else "size_off",
+    ]
     details.update(claimed_paths=claimed[:50], claimed_lines=lines[:1], claimed_bytes=sizes[:1])
     return [c for c in codes if c], details
 
@@ -957,9 +896,9 @@ def _body_outcome(body):
     # 'success', 'failure' or None: judged structurally for JSON (an object, or a string holding one) and by whole words
     # for other text.
     if isinstance(body, str):
-        try:
-            body = strict_loads(body.encode("utf-8"), exact_ints=False)
-        except (ValueError, UnicodeError):
+        try:  # its structure is all that is read, so json.loads (strict_loads would also canonicalise it)
+            body = json.loads(body)
+        except (ValueError, RecursionError):
             words = set(_ALPHA.findall(body.lower()))
             return _outcome(words & _STATUS_OK, words & _STATUS_FAIL)
     if not isinstance(body, dict):
@@ -967,22 +906,15 @@ def _body_outcome(body):
     votes = {("success" if body[k] else "failure") for k in ("ok", "success") if isinstance(body.get(k), bool)}
     status = body.get("status").strip().lower() if isinstance(body.get("status"), str) else ""
     votes |= {"success"} if status in _STATUS_OK else {"failure"} if status in _STATUS_FAIL else set()
-    if body.get("error") not in (None, False) or (isinstance(body.get("errors"), (list, dict)) and body["errors"]):
-        votes.add("failure")
+    errors = isinstance(body.get("errors"), (list, dict)) and body["errors"]  # a non-empty errors, or an error
+    votes |= {"failure"} if body.get("error") not in (None, False) or errors else set()
     return votes.pop() if len(votes) == 1 else None
-
-
-def _path_ids(path):
-    # (noun, id) pairs of a URL path: /customers/78 -> ('customer', '78').
-    segments = path.split("/")
-    return {(_singular(a.lower()), b) for a, b in zip(segments, segments[1:]) if _digits(b) and len(b) <= 18}
 
 
 def _request_targets(request, want_ids):
     # (emails, {host: paths}, (noun, id) pairs) in the request's target fields: emails in to, recipient...; URLs in url,
     # uri...; ids in id-like keys and in those URLs' paths. A string request is all target.
-    emails, urls, ids = set(), {}, set()
-    whole = isinstance(request, str)
+    emails, urls, ids, whole = set(), {}, set(), isinstance(request, str)
     members = [("", request)] if whole else _MEMBER.findall(json.dumps(request, ensure_ascii=False))
     for key, text in members:
         low, text = key.lower(), text.strip('"')
@@ -991,13 +923,13 @@ def _request_targets(request, want_ids):
         if whole or low in _URL_KEYS:
             for host, path in filter(None, (_host_path(*m) for m in _URLS.findall(text))):
                 urls.setdefault(host, set()).add(path)
-                if want_ids:
-                    ids.update(_path_ids(path))
+                segments = path.split("/") if want_ids else ()  # /customers/78: ('customer', '78')
+                ids.update(
+                    (_singular(a.lower()), b) for a, b in zip(segments, segments[1:]) if _digits(b) and len(b) <= 18
+                )
         if (low == "id" or low.endswith("_id") or key.endswith("Id")) and _digits(text) and len(text) <= 18:
             ids.add((_singular(low[:-2].rstrip("_")), str(int(text))))
-    if whole and want_ids:
-        ids |= _claim_ids([t.lower() for t in _tokens(request)])
-    return emails, urls, ids
+    return emails, urls, ids | (_claim_ids([t.lower() for t in _tokens(request)]) if whole and want_ids else set())
 
 
 def _target_code(toks, claimed_ids, targets):
@@ -1038,12 +970,14 @@ def judge_api_call(claim, ev, ev_json=None):
 
 # ---- §3.6 generic ------------------------------------------------------------------------------------------
 
-_SCALAR = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*')  # a string or other scalar: a value's text
-_JSON_KEY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*":')  # a member's key in canonical JSON text
+# a string or other scalar (a value's text); a member's key, in canonical JSON text
+_SCALAR, _JSON_KEY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*'), re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*":')
 _FILLERS = frozenset("not no now still also the a an being set already currently".split())  # never a stated value
 # States: what the claim says a key is (a negation before the word flips it), and how the evidence writes them.
-_CLAIM_STATES = dict.fromkeys("on enabled enable enables activated activate active true".split(), True)
-_CLAIM_STATES.update(dict.fromkeys("off disabled disable disables deactivated deactivate inactive false".split(), False))
+_CLAIM_STATES = dict(
+    dict.fromkeys("on enabled enable enables activated activate active true".split(), True),
+    **dict.fromkeys("off disabled disable disables deactivated deactivate inactive false".split(), False),
+)
 _VALUE_STATES = dict(dict.fromkeys("true on enabled active yes".split(), True),
                      **dict.fromkeys("false off disabled inactive no".split(), False))
 # Outcomes (True: success): the claim's words, and the words of status values in the evidence. 'completed' and
@@ -1062,36 +996,19 @@ _MEANINGS = dict([(w, ("state", v)) for w, v in list(_CLAIM_STATES.items()) + li
                  + [(w, ("outcome", v)) for w, v in _VALUE_OUTCOMES.items()])
 
 
-def _claim_entities(toks):
-    # Distinct normalised entities: numbers of 10 or more (smaller ones match by chance: '3 databases', '0 errors'),
-    # emails, URLs, paths and identifiers; never true, false or null.
-    entities = set()
-    for t in toks:
-        n = _number(t)
-        if n is not None:
-            if n >= 10:
-                entities.add(_es_number(n))
-        elif t.lower() not in ("true", "false", "null") and (_email(t) or _url(t) or _pathish(t) or _identifier(t)):
-            entities.add(t.lower())
-    return entities
-
-
 def _stated_values(raw, toks):
     # key -> the values the claim states for it ('KEY is/was/are/were/= VALUE', 'KEY: VALUE', 'KEY=VALUE'), keys in
     # lower case; at most 32 keys, so the work is bounded however long the claim.
     stated = {}
     for i, t in enumerate(raw[:-1]):
-        key = val = None
-        if t.endswith(":") and len(t) > 1:
-            key, val = t[:-1], toks[i + 1]
-        elif i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were"):
-            key, val = toks[i], toks[i + 2]
-        elif "=" in t.strip("="):
-            key, val = t.partition("=")[0], _strip(t.partition("=")[2])
-        if not key or not val or val.lower() in _FILLERS or not key.replace("_", "a").replace("-", "a").isalnum():
-            continue
-        name = key.lower()[:64]
-        if name in stated or len(stated) < 32:
+        key, val = (
+            (t[:-1], toks[i + 1]) if t.endswith(":") and len(t) > 1
+            else (toks[i], toks[i + 2]) if i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were")
+            else (t.partition("=")[0], _strip(t.partition("=")[2])) if "=" in t.strip("=")
+            else (None, None)
+        )
+        name = key.lower()[:64] if key and val and val.lower() not in _FILLERS else ""
+        if name.replace("_", "a").replace("-", "a").isalnum() and (name in stated or len(stated) < 32):
             stated.setdefault(name, set()).add(val.lower())
     return stated
 
@@ -1115,8 +1032,7 @@ def _evidence_values(text, keys):
     # depth. str.find scans, in C: the work is bounded by the keys and the cap, not by the members of the evidence.
     # Inside a JSON string a quote is always escaped, so '"key":' matches members only.
     values = {}
-    for key in keys:
-        needle = '"%s":' % key
+    for key, needle in ((key, '"%s":' % key) for key in keys):
         at = text.find(needle)
         while at >= 0 and len(values.get(key, ())) < 100:
             value = _SCALAR.match(text, at + len(needle)).group()  # empty for an object or a list
@@ -1128,16 +1044,16 @@ def _evidence_values(text, keys):
 def _value_code(claimed, found):
     # One code for a key, however often the claim states it: numbers meet numbers, words strings and literals.
     same = set()
-    for val in claimed:
-        num = _number(val)
+    for val, num, meaning in ((val, _number(val), _MEANINGS.get(val)) for val in claimed):
         typed = [v for v in found if (_number(v) is None) == (num is None)]
-        if typed:
-            meaning = _MEANINGS.get(val)
-            same.add(any(v == val or meaning and _MEANINGS.get(v) == meaning
-                         or num is not None and _es_number(_number(v)) == _es_number(num) for v in typed))
-    if not same:
-        return None
-    return "explicit_value_conflict" if False in same else "explicit_value_match"
+        same |= {
+            any(
+                v == val or meaning and _MEANINGS.get(v) == meaning
+                or num is not None and _es_number(_number(v)) == _es_number(num)
+                for v in typed
+            )
+        } if typed else set()
+    return None if not same else "explicit_value_conflict" if False in same else "explicit_value_match"
 
 
 def _outcome_code(low, values, stated):
@@ -1146,10 +1062,9 @@ def _outcome_code(low, values, stated):
     claimed = {_CLAIM_OUTCOMES[w] != _negated_at(low, i) for i, w in enumerate(low) if w in _CLAIM_OUTCOMES}
     reported = {_VALUE_OUTCOMES.get(v.strip()) for k in _STATUS_KEYS - set(stated) for v in values.get(k, ())}
     reported |= {_VALUE_STATES.get(v) for k in _FLAG_KEYS if k not in stated for v in values.get(k, ())}
-    reported.discard(None)
-    if len(claimed) != 1:  # none, or both: the claim states no outcome
+    intent = claimed.pop() if len(claimed) == 1 else None  # none, or both: the claim states no outcome
+    if intent is None:
         return "evidence_reports_failure" if False in reported else None
-    intent = claimed.pop()
     return "outcome_conflict" if (not intent) in reported else "outcome_matches" if intent in reported else None
 
 
@@ -1160,8 +1075,13 @@ def judge_generic(claim, ev, ev_json=None):
     text = (ev_json if ev_json is not None else _canonical_text(ev)).lower()
     raw = _TOKEN.findall(claim)
     toks = [_strip(t) for t in raw]
-    low = [t.lower() for t in toks]
-    entities, matched = _claim_entities(toks), []
+    # distinct normalised entities: numbers of 10 or more (smaller ones match by chance: '3 databases', '0 errors'),
+    # emails, URLs, paths and identifiers; never true, false or null
+    entities = {_es_number(n) for n in map(_number, toks) if n is not None and n >= 10} | {
+        t.lower() for t in toks if _number(t) is None and t.lower() not in ("true", "false", "null")
+        and (_email(t) or _url(t) or _pathish(t) or _identifier(t))
+    }
+    low, matched = [t.lower() for t in toks], []
     if len(entities) >= 3:  # fewer cannot support a verdict: the evidence is not tokenised for them
         values_text = _JSON_KEY.sub(" ", text).replace(",", ", ")  # values only, apart from each other
         have = set(_TOKEN.findall(values_text))
@@ -1171,14 +1091,11 @@ def judge_generic(claim, ev, ev_json=None):
     stated = _stated_values(raw, toks)
     states = _claimed_states(low, text, stated)
     values = _evidence_values(text, set(stated) | set(states) | _STATUS_KEYS | set(_FLAG_KEYS))
-    for key, claimed in stated.items():
-        codes.append(_value_code(claimed, values.get(key, [])[:100]))
+    codes += [_value_code(claimed, values.get(key, [])[:100]) for key, claimed in stated.items()]
     for key, state in states.items():  # one code a key: any value of the other state conflicts
         found = {_VALUE_STATES.get(v) for v in values.get(key, ())} - {None}
         codes.append(None if not found else "state_conflict" if (not state) in found else "state_matches")
-    codes.append(_outcome_code(low, values, stated))
-    if not _NOT.isdisjoint(low):
-        codes.append("claim_negated")
+    codes += [_outcome_code(low, values, stated), "claim_negated" if not _NOT.isdisjoint(low) else None]
     return [c for c in codes if c], {"entities_matched": len(matched)}
 
 
@@ -1267,14 +1184,11 @@ def judge(kind, claim, evidence, evidence_json=None):
     try:
         bad = check_evidence(kind, evidence)
         codes, details = ([bad], {}) if bad else _JUDGES[kind](claim, evidence, evidence_json)
-    except EvidenceTooLarge:
-        codes, details = ["evidence_too_large"], {}
-    except Exception:  # any bug: answered and signed, never dropped
-        return ["verifier_error"], {}, "unsafe_to_verify", 0.0
-    try:
         codes = codes or ["no_signal"]
         return (codes, details) + decide(codes)
-    except KeyError:  # a misspelt code: the vocabulary is closed
+    except EvidenceTooLarge:
+        return ["evidence_too_large"], {}, "unsafe_to_verify", 0.0
+    except Exception:  # a misspelt code (the vocabulary is closed) or any bug: answered and signed, never dropped
         return ["verifier_error"], {}, "unsafe_to_verify", 0.0
 
 
@@ -1450,9 +1364,12 @@ class RequestError(ValueError):
         self.code, self.message, self.status, self.headers = code, message, status, list(headers)
 
 
-_DIGIT_MASK = bytes(48 if 48 <= b < 58 else 32 for b in range(256))  # digits -> '0', other bytes -> ' '
-_DEPTH_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # opening +1, closing -1 as signed bytes
-_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+# digits -> '0', other bytes -> ' '; opening brackets +1, closing -1 as signed bytes; the bytes that are no bracket
+_DIGIT_MASK, _DEPTH_STEP, _NOT_BRACKETS = (
+    bytes(48 if 48 <= b < 58 else 32 for b in range(256)),
+    bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff"),
+    bytes(set(range(256)) - set(b"[]{}")),
+)
 MAX_INT = 2**53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
 
 
@@ -1466,6 +1383,9 @@ def _bad_json(message):
     raise RequestError("invalid_json", message)
 
 
+_refuse_constant = lambda name: _bad_json("NaN and Infinity are not JSON")
+
+
 def _exact_int(s):
     value = int(s) if len(s) <= 17 else MAX_INT + 1
     return value if -MAX_INT <= value <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
@@ -1475,42 +1395,22 @@ class _CollectorPause(object):
     # The cyclic garbage collector stays off while any thread handles a request: a 1 MiB body can hold 500,000
     # containers, none in a cycle, and every collection meanwhile would walk them all (it tripled the time of some
     # bodies). A request frees what it made by reference counting; collection resumes when none is in flight.
+    # list.append and list.pop are atomic; a thread that enables the collector just as another enters costs that
+    # one a collection, never a wrong answer.
     def __init__(self):
-        self._lock, self._inside, self._was_enabled = threading.Lock(), 0, False
+        self._inside = []
 
     def __enter__(self):
-        with self._lock:
-            self._inside += 1
-            if self._inside == 1:
-                self._was_enabled = gc.isenabled()
-                gc.disable()
+        self._inside.append(1)
+        gc.disable()
 
     def __exit__(self, *exc_info):
-        with self._lock:
-            self._inside -= 1
-            if self._inside == 0 and self._was_enabled:
-                gc.enable()
+        self._inside.pop()
+        if not self._inside:
+            gc.enable()
 
 
 _REQUEST = _CollectorPause()
-
-
-def _refuse_duplicate_keys(text, again):
-    # A duplicate key leaves fewer ':' outside strings in the re-encoded text. Without \u escapes (\u003a), strings hold
-    # as many ':' in both texts, so plain counts do.
-    if "\\u" in text:
-        text, again = _JSON_STRING.sub("", text), _JSON_STRING.sub("", again)
-    if text.count(":") != again.count(":"):
-        _bad_json("duplicate object key")
-
-
-def _refuse_deep_nesting(text):
-    # Depth above MAX_DEPTH: the running depth over the brackets outside strings, counted in C.
-    if text.count("[") + text.count("{") <= MAX_DEPTH:
-        return
-    steps = _JSON_STRING.sub("", text).encode("utf-8").translate(_DEPTH_STEP, _NOT_BRACKETS)
-    if max(itertools.accumulate(memoryview(steps).cast("b"))) > MAX_DEPTH:
-        _bad_json("nesting deeper than %d" % MAX_DEPTH)
 
 
 def strict_loads(raw, exact_ints=True):
@@ -1524,11 +1424,10 @@ def strict_parse(raw, exact_ints=True, levels=1):
     try:
         text = raw.decode("utf-8")
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
-        refuse_constant = lambda name: _bad_json("NaN and Infinity are not JSON")
-        value = json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=refuse_constant)
+        value = json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=_refuse_constant)
         members = canonical_members(value, exact_ints, levels)
         again = assemble_canonical(members)
-        again.encode("utf-8")  # a lone surrogate cannot be encoded
+        again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
     except RequestError:
         raise
     except UnicodeError:
@@ -1538,16 +1437,17 @@ def strict_parse(raw, exact_ints=True, levels=1):
     except ValueError as e:
         problem = "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON")
         _bad_json("%s (at character %s)" % (problem, getattr(e, "pos", "?")))
-    _refuse_duplicate_keys(text, again)
-    _refuse_deep_nesting(text)
+    # A duplicate key leaves fewer ':' outside strings in the re-encoded text. Without \u escapes (\u003a), strings
+    # hold as many ':' in both texts, so plain counts do.
+    outside = (_JSON_STRING.sub("", text), _JSON_STRING.sub("", again)) if "\\u" in text else (text, again)
+    if outside[0].count(":") != outside[1].count(":"):
+        _bad_json("duplicate object key")
+    # Depth: the running depth over the brackets outside strings, counted in C.
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        steps = _JSON_STRING.sub("", text).encode("utf-8").translate(_DEPTH_STEP, _NOT_BRACKETS)
+        if max(itertools.accumulate(memoryview(steps).cast("b"))) > MAX_DEPTH:
+            _bad_json("nesting deeper than %d" % MAX_DEPTH)
     return value, members
-
-
-def _valid_caller_context(cc):
-    # At most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null.
-    scalar = lambda v: v is None or isinstance(v, (bool, int, float)) or isinstance(v, str) and len(v) <= MAX_CALLER_STR
-    small = isinstance(cc, dict) and len(cc) <= MAX_CALLER_KEYS
-    return small and all(0 < len(k) <= MAX_CALLER_STR and scalar(v) for k, v in cc.items())
 
 
 def validate_request(obj):
@@ -1563,7 +1463,11 @@ def validate_request(obj):
     context_ok = context is None or len(context) <= MAX_CONTEXT
     need(context_ok, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
     need(
-        caller is None or _valid_caller_context(caller),
+        caller is None or isinstance(caller, dict) and len(caller) <= MAX_CALLER_KEYS and all(
+            0 < len(k) <= MAX_CALLER_STR
+            and (v is None or isinstance(v, (bool, int, float)) or isinstance(v, str) and len(v) <= MAX_CALLER_STR)
+            for k, v in caller.items()
+        ),
         "invalid_caller_context",
         "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null",
     )
@@ -1729,7 +1633,7 @@ class Service(object):
         try:
             obj, members = strict_parse(raw, levels=3 if path == "/mcp" else 1)
             if path == "/mcp":  # mcp() answers every message itself
-                reply = self.mcp(obj, None, members)
+                reply = self.mcp(obj, members)
                 return (202, None) if reply is None else (200, reply)
             if path == "/verify":
                 return 200, self.verify(validate_request(obj), members)
@@ -1742,12 +1646,12 @@ class Service(object):
         self.count("receipt_checks")
         return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
 
-    def mcp(self, msg, session, members=None):
+    def mcp(self, msg, members=None, session=None):
         # The JSON-RPC reply to a message, or None; session is None over HTTP (stateless), a dict over stdio.
         if isinstance(msg, list):
             if session is None or session.get("version") != "2025-03-26" or not msg:
                 return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
-            return [r for r in (self.mcp(m, session) for m in msg) if r is not None] or None
+            return [r for r in (self.mcp(m, None, session) for m in msg) if r is not None] or None
         self.count("mcp_messages")
         if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
             return _rpc_error(None, -32600, "Invalid Request")
@@ -1773,14 +1677,21 @@ class Service(object):
         need(isinstance(params, dict), -32602, "Invalid params: params must be an object")
         if method == "ping":
             return {}
-        if method == "initialize":
-            return self._initialize(params, session)
-        need(method in ("tools/list", "tools/call"), -32601, "Method not found")
-        need(session is None or session.get("version"), -32600, "Invalid Request: not initialized")
-        return {"tools": [TOOL]} if method == "tools/list" else self._call_tool(params, members)
-
-    def _initialize(self, params, session):
-        # Negotiate the protocol version: the client's if supported, else our newest.
+        if method != "initialize":
+            need(method in ("tools/list", "tools/call"), -32601, "Method not found")
+            need(session is None or session.get("version"), -32600, "Invalid Request: not initialized")
+            if method == "tools/list":
+                return {"tools": [TOOL]}
+            name, args = params.get("name"), params.get("arguments", {})
+            need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
+            need(name == TOOL["name"], -32602, "Unknown tool")
+            try:  # with the canonical text of the arguments made by strict_parse, if it has them
+                args_members = members.get("arguments") if isinstance(members, dict) else None
+                result = self.verify(validate_request(args), args_members if isinstance(args_members, dict) else None)
+            except RequestError as e:  # a tool execution error, so the model can correct its arguments
+                return {"content": [_text_content("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
+            return {"content": [_text_content(_json_text(result))], "structuredContent": result, "isError": False}
+        # initialize negotiates the protocol version: the client's if supported, else our newest
         asked = params.get("protocolVersion")
         need(isinstance(asked, str), -32602, "Invalid params: protocolVersion must be a string")
         need(session is None or not session.get("version"), -32600, "Invalid Request: already initialized")
@@ -1795,18 +1706,6 @@ class Service(object):
             "A receipt proves what was judged, never that the claim is true.",
         }
 
-    def _call_tool(self, params, members):
-        name, args = params.get("name"), params.get("arguments", {})
-        need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
-        need(name == TOOL["name"], -32602, "Unknown tool")
-        try:
-            args_members = members.get("arguments") if isinstance(members, dict) else None
-            result = self.verify(validate_request(args), args_members if isinstance(args_members, dict) else None)
-        except RequestError as e:  # a tool execution error, so the model can correct its arguments
-            return {"content": [_text_content("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
-        return {"content": [_text_content(_json_text(result))], "structuredContent": result, "isError": False}
-
-
 def serve_stdio(service, inp, out, max_line=4 << 20):
     """MCP over stdio: newline-delimited JSON-RPC from inp, replies to out, until EOF or the client goes."""
     session = {}
@@ -1817,8 +1716,7 @@ def serve_stdio(service, inp, out, max_line=4 << 20):
                     line = inp.readline(max_line)
                 _bad_json("message too large")
             with _REQUEST:
-                msg, members = strict_parse(line.strip(), levels=3) if line.strip() else (None, None)
-                reply = service.mcp(msg, session, members) if line.strip() else None
+                reply = service.mcp(*strict_parse(line, levels=3), session=session) if line.strip() else None
         except RequestError as e:
             reply = _rpc_error(None, -32700, "Parse error: " + e.message)
         try:
@@ -1843,8 +1741,10 @@ ROUTES = {
     "/receipts/verify": "POST",
     "/mcp": "POST",
 }
-_ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}
-_SINGLE = {"content-length", "transfer-encoding", "authorization", "origin", "content-type"}  # never repeated
+_ALLOW, _SINGLE = (  # the methods of each route kind; the headers that must not be repeated
+    {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"},
+    {"content-length", "transfer-encoding", "authorization", "origin", "content-type"},
+)
 _PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
 # MAX_HEAD: bytes of a request line and headers; GRACE: seconds a worker waits on a quiet keep-alive connection
 # for its next request; LINGER: seconds a closing connection's input is discarded, so the client reads the answer
@@ -1921,7 +1821,6 @@ CSP = (  # only the page's own script and style run; it may only POST to this or
     "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; form-action 'none'; base-uri 'none'; "
     "frame-ancestors 'none'" % (_csp_hash(_SCRIPT), _csp_hash(_STYLE))
 )
-CSP_HEADER = ("Content-Security-Policy", CSP)
 
 
 def render_page():
@@ -1962,21 +1861,6 @@ def _norm_origin(value):
     )
 
 
-def _allowed_origins(host, port, extra):
-    # The origins whose POSTs are accepted: the service's own (so the form on / works), the --allow-origin ones, and
-    # None (no Origin header: not a browser).
-    loopback = _is_loopback(host)
-    names = ["127.0.0.1", "localhost", "[::1]"] if loopback or host in ("0.0.0.0", "::") else []
-    names += [] if loopback else ["[%s]" % host if ":" in host else host]
-    return {_norm_origin(o) for o in ["http://%s:%d" % (name, port) for name in names] + list(extra)} | {None}
-
-
-def _head_end(buf):
-    # The length of the request head at the start of buf, through its empty line; -1 while incomplete.
-    crlf, lf = buf.find(b"\n\r\n"), buf.find(b"\n\n")
-    return -1 if crlf < 0 and lf < 0 else crlf + 3 if lf < 0 or 0 <= crlf < lf else lf + 2
-
-
 def _parse_head(lines):
     # (method, path, headers, keep_alive, version) from the lines of a request head; RequestError if malformed.
     method, _, rest = lines[0].rstrip("\r").partition(" ")
@@ -1992,17 +1876,9 @@ def _parse_head(lines):
         if not colon or name != name.strip() or not name or len(headers) > 99 or name in headers.keys() & _SINGLE:
             raise RequestError("bad_header", "a malformed, folded or repeated header line")
         headers[name] = headers[name] + ", " + value.strip() if name in headers else value.strip()
-    connection = headers.get("connection", "").lower()
+    connection = headers.get("connection", "").lower()  # HTTP/1.1 keeps the connection unless told; 1.0 if told
     keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
     return method, target.split("?", 1)[0], headers, keep_alive, version
-
-
-def _check_content_type(headers):
-    # application/json, in UTF-8 if a charset is given (415 otherwise).
-    mime, *params = headers.get("content-type", "").lower().split(";")
-    charsets = {v.strip().strip('"') for k, _, v in (p.partition("=") for p in params) if k.strip() == "charset"}
-    if mime.strip() != "application/json" or not charsets <= {"utf-8", "utf8"}:
-        raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
 
 
 def _response(status, body, close, ctype="application/json", extra=(), head_only=False, keep10=False):
@@ -2046,13 +1922,19 @@ class Server(object):
         max_conns=1000,
     ):
         self.service, self.workers, self.max_body, self.token = service, workers, max_body, token
-        self.read_deadline, self.idle_timeout, self.queue_wait = read_deadline, idle_timeout, queue_wait
-        self.max_conns = max_conns
+        self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = (
+            read_deadline, idle_timeout, queue_wait, max_conns)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=512)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
-        self.origins = _allowed_origins(host, self.port, origins)
+        # the origins whose POSTs are accepted: the service's own (so the form on / works), the --allow-origin ones,
+        # and None (no Origin header: not a browser)
+        loopback = _is_loopback(host)
+        names = ["127.0.0.1", "localhost", "[::1]"] if loopback or host in ("0.0.0.0", "::") else []
+        names += [] if loopback else ["[%s]" % host if ":" in host else host]
+        self.origins = {_norm_origin(o) for o in ["http://%s:%d" % (n, self.port) for n in names] + list(origins)}
+        self.origins |= {None}
         # the selector, and a socket pair through which workers wake it
         self._sel, (self._wake_r, self._wake_w) = selectors.DefaultSelector(), socket.socketpair()
         # _ready: (conn, request, queued at) for the workers, under _cv; _returned: connections handed back
@@ -2087,15 +1969,7 @@ class Server(object):
             if time.monotonic() - swept >= 0.25:
                 swept = time.monotonic()
                 self._sweep(swept)
-        self._close_all()
-
-    def shutdown(self):
-        # Stop serve_forever (from another thread); the selector closes the wake socket after _stop.
-        self._wake_w.send(b"x")
-        self._stop = True
-
-    def _close_all(self):
-        conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]
+        conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]  # shut down:
         for s in (self._sel, self.sock, self._wake_r, self._wake_w):
             s.close()  # a worker still busy closes its own connection
         with self._cv:
@@ -2104,6 +1978,11 @@ class Server(object):
             self._cv.notify_all()
         for conn in conns + list(self._returned):
             conn.sock.close()
+
+    def shutdown(self):
+        # Stop serve_forever (from another thread); the selector closes the wake socket after _stop.
+        self._wake_w.send(b"x")
+        self._stop = True
 
     def _accept(self):
         while True:
@@ -2115,8 +1994,7 @@ class Server(object):
                 return self._sel.unregister(self.sock)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, time.monotonic())
-            self._open += 1
+            conn, self._open = _Conn(sock, time.monotonic()), self._open + 1
             if self._open > self.max_conns:
                 self._refuse(conn, "service_unavailable", "too many connections", 503)
             self._advance(conn)
@@ -2165,15 +2043,13 @@ class Server(object):
         if not data:  # half-closed inside a request: say so before closing
             code = "truncated_body" if conn.head else "truncated_request"
             return self._refuse(conn, code, "the connection closed inside the request", advance=True)
-        if not conn.buf and conn.head is None:
-            conn.since = time.monotonic()  # a request starts
+        conn.since = time.monotonic() if not conn.buf and conn.head is None else conn.since  # a request starts
         conn.buf += data
         self._advance(conn)
 
     def _advance(self, conn, resumed=False):
         # Queue conn's whole request for a worker, refuse it, or wait for more input (or linger).
-        if resumed and conn.head is None:
-            conn.since = time.monotonic()
+        conn.since = time.monotonic() if resumed and conn.head is None else conn.since
         if not conn.done:
             try:
                 request = self._parse(conn)
@@ -2250,7 +2126,10 @@ class Server(object):
         if method == "OPTIONS":
             return 204, b"", "application/json", [("Allow", _ALLOW[ROUTES.get(path, "*")])]
         if path == "/":
-            return 200, self._docs[path], "text/html; charset=utf-8", [CSP_HEADER, ("X-Frame-Options", "DENY")]
+            return 200, self._docs[path], "text/html; charset=utf-8", [
+                ("Content-Security-Policy", CSP),
+                ("X-Frame-Options", "DENY"),
+            ]
         if method != "POST":  # /spec and /rules are made once; /healthcheck and /stats now
             doc = {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
             return 200, self._docs.get(path) or _json_text(doc).encode("utf-8"), "application/json", []
@@ -2286,7 +2165,8 @@ class Server(object):
         if conn.head is None:
             if buf[:1] in (b"\r", b"\n"):
                 del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: ignore empty lines before a request
-            end = _head_end(buf)
+            crlf, lf = buf.find(b"\n\r\n"), buf.find(b"\n\n")  # the head ends with an empty line
+            end = -1 if crlf < 0 and lf < 0 else crlf + 3 if lf < 0 or 0 <= crlf < lf else lf + 2
             if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
                 raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
             if end < 0:
@@ -2326,7 +2206,10 @@ class Server(object):
             scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), self.token)
         ):
             raise RequestError("unauthorized", "a bearer token is required", 401, [("WWW-Authenticate", "Bearer")])
-        _check_content_type(headers)
+        mime, *params = headers.get("content-type", "").lower().split(";")  # application/json, in UTF-8 if said
+        charsets = {v.strip().strip('"') for k, _, v in (p.partition("=") for p in params) if k.strip() == "charset"}
+        if mime.strip() != "application/json" or not charsets <= {"utf-8", "utf8"}:
+            raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
         if headers.get("expect", "").lower() == "100-continue" and len(conn.buf) < int(length):
             try:
                 conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -2362,15 +2245,13 @@ def _receipt_command(argv):
     args = parser.parse_args(argv[1:])
     try:
         if argv[0] == "keygen":
-            print(keygen(args.key_file))  # the new kid
-            return 0
+            return print(keygen(args.key_file)) or 0  # prints the new kid
         ring = load_keyring(args.key_file)
         with open(args.file, "rb") as f:
             doc = strict_loads(f.read(MAX_BODY + 1))
     except (OSError, ValueError) as e:
         return _fail(getattr(e, "message", None) or e)
-    if isinstance(doc, dict) and "aar_verdict" in doc:
-        doc = doc.get("receipt")  # a whole /verify response
+    doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
     valid, reason, kid = verify_receipt(doc, ring)
     print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
     return 0 if valid else 1
@@ -2407,8 +2288,9 @@ def main(argv=None):
     for flag, keywords in FLAGS:
         parser.add_argument(flag, **keywords)
     args = parser.parse_args(argv)
-    in_range = 0 <= args.port < 65536 and 0 < args.workers <= 256 and 1024 <= args.max_body <= 64 << 20
-    if not in_range or not 0 < len(args.issuer) < 99:
+    if not (0 <= args.port < 65536 and 0 < args.workers <= 256 and 1024 <= args.max_body <= 64 << 20) or not (
+        0 < len(args.issuer) < 99
+    ):
         return _fail("--port 0-65535, --workers 1-256, --max-body 1024-67108864, --issuer 1-98 characters")
     try:
         ring, token = _load_secrets(args)
@@ -2434,9 +2316,8 @@ def main(argv=None):
             "reach this port can obtain signed receipts\n" % args.host
         )
     host = "[%s]" % args.host if ":" in args.host else args.host
-    listening = "verify_action.py %s listening on http://%s:%d (kid %s)\n" % (VERSION, host, server.port, ring.kid)
-    sys.stderr.write(listening)
-    sys.stderr.flush()
+    print("verify_action.py %s listening on http://%s:%d (kid %s)" % (VERSION, host, server.port, ring.kid),
+          file=sys.stderr, flush=True)
     server.serve_forever()
     return 0
 
