@@ -911,34 +911,36 @@ def _body_outcome(body):
     return votes.pop() if len(votes) == 1 else None
 
 
-def _request_targets(request, want_ids):
+def _request_targets(request, wanted):
     # (emails, {host: paths}, (noun, id) pairs) in the request's target fields: emails in to, recipient...; URLs in url,
-    # uri...; ids in id-like keys and in those URLs' paths. A string request is all target.
-    emails, urls, ids, whole = set(), {}, set(), isinstance(request, str)
+    # uri...; ids in id-like keys and in those URLs' paths. A string request is all target. Only the kinds the claim
+    # names (wanted: its emails, URLs, ids) are looked for: 70,000 URLs in a request cost nothing to a claim of none.
+    (want_emails, want_urls, want_ids), whole = map(bool, wanted), isinstance(request, str)
+    emails, urls, ids = set(), {}, set()
     members = [("", request)] if whole else _MEMBER.findall(json.dumps(request, ensure_ascii=False))
     for key, text in members:
         low, text = key.lower(), text.strip('"')
-        if whole or low in _EMAIL_KEYS:
+        if want_emails and (whole or low in _EMAIL_KEYS):
             emails.update(filter(None, map(_email, _tokens(text))))  # 'Eve <eve@x.com>'
-        if whole or low in _URL_KEYS:
+        if (want_urls or want_ids) and (whole or low in _URL_KEYS):
             for host, path in filter(None, (_host_path(*m) for m in _URLS.findall(text))):
                 urls.setdefault(host, set()).add(path)
-                segments = path.split("/") if want_ids else ()  # /customers/78: ('customer', '78')
-                ids.update(
-                    (_singular(a.lower()), b) for a, b in zip(segments, segments[1:]) if _digits(b) and len(b) <= 18
-                )
+                if want_ids:  # /customers/78: ('customer', '78')
+                    segments = path.split("/")
+                    ids.update(
+                        (_singular(a.lower()), b) for a, b in zip(segments, segments[1:]) if _digits(b) and len(b) <= 18
+                    )
         if (low == "id" or low.endswith("_id") or key.endswith("Id")) and _digits(text) and len(text) <= 18:
             ids.add((_singular(low[:-2].rstrip("_")), str(int(text))))
     return emails, urls, ids | (_claim_ids([t.lower() for t in _tokens(request)]) if whole and want_ids else set())
 
 
-def _target_code(toks, claimed_ids, targets):
-    # Emails, URLs and ids the claim names against the request's targets; the worst result is the code.
-    emails, urls, ids = targets
-
+def _target_code(wanted, targets):
+    # The emails, URLs and ids the claim names (wanted) against the request's targets; the worst result is the code.
+    (claimed_emails, claimed_urls, claimed_ids), (emails, urls, ids) = wanted, targets
     code = lambda hit, others: "target_matches" if hit else "target_mismatch" if others else "target_not_in_request"
-    results = {code(e in emails, emails) for e in filter(None, map(_email, toks))}
-    results |= {code(p in urls.get(h, ()) or not p and h in urls, urls) for h, p in filter(None, map(_url, toks))}
+    results = {code(e in emails, emails) for e in claimed_emails}
+    results |= {code(p in urls.get(h, ()) or not p and h in urls, urls) for h, p in claimed_urls}
     for noun, n in claimed_ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
         same = {m for k, m in ids if not (k and noun) or k == noun}
         results.add(code(n in same, same))
@@ -953,8 +955,8 @@ def judge_api_call(claim, ev, ev_json=None):
     intent = _outcome(ok, negated or not _FAIL_WORDS.isdisjoint(low))
     status, body = ev["response_status"], _body_outcome(ev.get("response_body"))
     details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
-    claimed_ids = _claim_ids(low)
-    targets = _request_targets(ev.get("request") or {}, bool(claimed_ids))
+    wanted = set(filter(None, map(_email, toks))), set(filter(None, map(_url, toks))), _claim_ids(low)
+    targets = _request_targets(ev.get("request") or {}, wanted)
     codes = [
         # the status class against the claimed outcome (1xx and 3xx say nothing)
         None if not intent or 300 <= status < 400 or status < 200
@@ -963,7 +965,7 @@ def judge_api_call(claim, ev, ev_json=None):
         None if not intent or not body
         else "body_matches_claim" if body == intent
         else "body_failure" if body == "failure" else "body_contradicts_failure_claim",
-        _target_code(toks, claimed_ids, targets),
+        _target_code(wanted, targets),
     ]
     return [c for c in codes if c], details
 
@@ -1259,8 +1261,8 @@ class KeyRing(object):
 
     def mac(self, kid, body):
         # The signature field of a receipt body (without signature) under key kid.
-        data = _jcs(body).encode("utf-8")  # small, and its confidence is a float: the exact path directly
-        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], data, hashlib.sha256).digest())
+        # small, and its confidence is a float: the exact path directly
+        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], _jcs(body).encode("utf-8"), hashlib.sha256).digest())
 
 
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now, members=None):
@@ -1825,20 +1827,19 @@ CSP = (  # only the page's own script and style run; it may only POST to this or
 
 def render_page():
     """GET /: what a receipt proves and does not, a form to try a request, the rules table."""
-    e = html.escape
     rows = "\n".join(
-        "<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (c, k, _SIGNAL_NAMES[s], e(m))
+        "<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (c, k, _SIGNAL_NAMES[s], html.escape(m))
         for c, (k, s, m) in sorted(REASONS.items(), key=lambda item: (item[1][0], item[0]))
     )
     return _PAGE % {
         "style": _STYLE,
         "version": VERSION,
-        "proves": e(PROVES),
-        "not_proves": e(NOT_PROVES),
+        "proves": html.escape(PROVES),
+        "not_proves": html.escape(NOT_PROVES),
         "kinds": "".join("<option>%s</option>" % k for k in KINDS),
-        "example": e(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)),
-        "decision": e(DECISION),
-        "confidence": e(CONFIDENCE),
+        "example": html.escape(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)),
+        "decision": html.escape(DECISION),
+        "confidence": html.escape(CONFIDENCE),
         "rows": rows,
         "script": _SCRIPT,
     }
@@ -2131,8 +2132,10 @@ class Server(object):
                 ("X-Frame-Options", "DENY"),
             ]
         if method != "POST":  # /spec and /rules are made once; /healthcheck and /stats now
-            doc = {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
-            return 200, self._docs.get(path) or _json_text(doc).encode("utf-8"), "application/json", []
+            doc = self._docs.get(path) or _json_text(
+                {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
+            ).encode("utf-8")
+            return 200, doc, "application/json", []
         status, obj = self.service.post(path, body, headers)
         return status, b"" if obj is None else _json_text(obj).encode("utf-8"), "application/json", []
 
