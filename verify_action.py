@@ -155,7 +155,8 @@ def _es_number(x):
         return str(x)
     if x != x or x in (float("inf"), float("-inf")):
         raise ValueError("NaN and Infinity have no canonical JSON form")
-    return "0" if x == 0 else _es_floats("[%r]" % float(x))[1:-1]
+    text = repr(float(x))  # in the layouts' common ground (no exponent, not integral) repr is ECMAScript's form
+    return "0" if x == 0 else text if "e" not in text and not text.endswith(".0") else _es_floats("[%s]" % text)[1:-1]
 
 
 def _jcs(v):
@@ -214,11 +215,12 @@ def _es_floats(text):
     return '"'.join(parts).replace("\x02", '\\"').replace("\x01", "\\\\")
 
 
-def _canonical_text(value, exact_ints=False):
+def _canonical_text(value, exact_ints=False, small=False):
     # The RFC 8785 text of a parsed JSON value: json.dumps (in C), with its floats laid out as ECMAScript does. The
-    # exact pure-Python path takes values below 4 KiB (it costs little there), integers that may reach 2^53 (unless
-    # the parser refused them: exact_ints), and keys mixing U+E000-U+FFFF with astral characters (UTF-16 order).
-    text = _SORTED.encode(value)
+    # exact pure-Python path takes values below 4 KiB (it costs less there; small: known so), integers that may reach
+    # 2^53 (unless the parser refused them: exact_ints), and keys mixing U+E000-U+FFFF with astral characters (UTF-16
+    # order differs from code point order there).
+    text = "" if small else _SORTED.encode(value)
     big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
     if len(text) < 4096 or big_int or (not text.isascii() and _BMP_HIGH.search(text) and _ASTRAL.search(text)):
         return _jcs(value)
@@ -230,14 +232,14 @@ def canonical_json(value):
     return _canonical_text(value).encode("utf-8")
 
 
-def canonical_members(value, exact_ints=False, levels=1):
+def canonical_members(value, exact_ints=False, levels=1, small=False):
     """The RFC 8785 text of each member of an object ({key: text}; {None: text} for any other value), objects
     within the first levels as members in turn. Made once per request, it serves the strict-JSON checks, the rules
     that read JSON text, and both receipt hashes (MCP: the arguments, 3 levels down)."""
     if not isinstance(value, dict):
-        return {None: _canonical_text(value, exact_ints)}
-    nested = lambda v: canonical_members(v, exact_ints, levels - 1) if levels > 1 and isinstance(v, dict) else None
-    return {key: nested(member) or _canonical_text(member, exact_ints) for key, member in value.items()}
+        return {None: _canonical_text(value, exact_ints, small)}
+    nested = lambda v: levels > 1 and isinstance(v, dict) and canonical_members(v, exact_ints, levels - 1, small)
+    return {key: nested(member) or _canonical_text(member, exact_ints, small) for key, member in value.items()}
 
 
 def assemble_canonical(members):
@@ -1261,8 +1263,8 @@ class KeyRing(object):
 
     def mac(self, kid, body):
         # The signature field of a receipt body (without signature) under key kid.
-        # small, and its confidence is a float: the exact path directly
-        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], _jcs(body).encode("utf-8"), hashlib.sha256).digest())
+        data = _jcs(body).encode("utf-8")  # small: the exact path directly
+        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], data, hashlib.sha256).digest())
 
 
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now, members=None):
@@ -1427,7 +1429,7 @@ def strict_parse(raw, exact_ints=True, levels=1):
         text = raw.decode("utf-8")
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
         value = json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=_refuse_constant)
-        members = canonical_members(value, exact_ints, levels)
+        members = canonical_members(value, exact_ints, levels, len(raw) < 4096)
         again = assemble_canonical(members)
         again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
     except RequestError:
