@@ -139,6 +139,8 @@ _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text;
 # An integer that may reach 2^53 (ECMAScript writes it as a double: 2^60 is 1152921504606847000); from a run's start.
 _BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
 _BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
+# a float whose repr and ECMAScript forms differ: integral (12.0, not a version's 1.0.0) or with an exponent
+_FLOAT_FORMS = re.compile(r"[0-9]\.0(?![0-9eE.])|[0-9]e[-+]")
 _SORTED = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
 )
@@ -215,16 +217,17 @@ def _es_floats(text):
     return '"'.join(parts).replace("\x02", '\\"').replace("\x01", "\\\\")
 
 
-def _canonical_text(value, exact_ints=False, small=False):
+def _canonical_text(value, exact_ints=False):
     # The RFC 8785 text of a parsed JSON value: json.dumps (in C), with its floats laid out as ECMAScript does. The
-    # exact pure-Python path takes values below 4 KiB (it costs less there; small: known so), integers that may reach
-    # 2^53 (unless the parser refused them: exact_ints), and keys mixing U+E000-U+FFFF with astral characters (UTF-16
-    # order differs from code point order there).
-    text = "" if small else _SORTED.encode(value)
+    # exact pure-Python path takes a lone scalar, integers that may reach 2^53 (unless the parser refused them:
+    # exact_ints), and keys mixing U+E000-U+FFFF with astral characters (UTF-16 order differs from code points there).
+    text = _SORTED.encode(value)
     big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
-    if len(text) < 4096 or big_int or (not text.isascii() and _BMP_HIGH.search(text) and _ASTRAL.search(text)):
+    if big_int or not isinstance(value, (dict, list)) or not text.isascii() and (
+        _BMP_HIGH.search(text) and _ASTRAL.search(text)
+    ):
         return _jcs(value)
-    return _es_floats(text) if any(gate in text for gate in (".0", "e-0", "e+1", "e+20")) else text
+    return _es_floats(text) if _FLOAT_FORMS.search(text) else text
 
 
 def canonical_json(value):
@@ -232,14 +235,14 @@ def canonical_json(value):
     return _canonical_text(value).encode("utf-8")
 
 
-def canonical_members(value, exact_ints=False, levels=1, small=False):
+def canonical_members(value, exact_ints=False, levels=1):
     """The RFC 8785 text of each member of an object ({key: text}; {None: text} for any other value), objects
     within the first levels as members in turn. Made once per request, it serves the strict-JSON checks, the rules
     that read JSON text, and both receipt hashes (MCP: the arguments, 3 levels down)."""
     if not isinstance(value, dict):
-        return {None: _canonical_text(value, exact_ints, small)}
-    nested = lambda v: levels > 1 and isinstance(v, dict) and canonical_members(v, exact_ints, levels - 1, small)
-    return {key: nested(member) or _canonical_text(member, exact_ints, small) for key, member in value.items()}
+        return {None: _canonical_text(value, exact_ints)}
+    nested = lambda v: levels > 1 and isinstance(v, dict) and canonical_members(v, exact_ints, levels - 1)
+    return {key: nested(member) or _canonical_text(member, exact_ints) for key, member in value.items()}
 
 
 def assemble_canonical(members):
@@ -596,9 +599,9 @@ def _claim_terms(claim, toks, index):
     paths, idents, words = [], set(), []
     for t in toks:
         c = t[2:] if t.startswith("./") else t
-        if c in index or _pathish(c):
+        if c in index or not t.isalpha() and _pathish(c):  # letters alone are no path, email or URL
             paths.append(c)
-        elif not (_email(t) or _url(t)) and _identifier(t, t in backticked):
+        elif (t.isalpha() or not (_email(t) or _url(t))) and _identifier(t, t in backticked):
             idents.add(t)
         elif t.isalpha() and len(t) >= 4 and t.lower() not in _STOP and t.lower() not in _ALL_VERBS:
             words.append(t.lower())
@@ -1263,8 +1266,8 @@ class KeyRing(object):
 
     def mac(self, kid, body):
         # The signature field of a receipt body (without signature) under key kid.
-        data = _jcs(body).encode("utf-8")  # small: the exact path directly
-        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], data, hashlib.sha256).digest())
+        # a receipt body is small, and carries a version string json.dumps text could be misread by: _jcs directly
+        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], _jcs(body).encode("utf-8"), hashlib.sha256).digest())
 
 
 def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now, members=None):
@@ -1429,7 +1432,7 @@ def strict_parse(raw, exact_ints=True, levels=1):
         text = raw.decode("utf-8")
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
         value = json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=_refuse_constant)
-        members = canonical_members(value, exact_ints, levels, len(raw) < 4096)
+        members = canonical_members(value, exact_ints, levels)
         again = assemble_canonical(members)
         again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
     except RequestError:
