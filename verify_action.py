@@ -374,7 +374,7 @@ def _identifier(tok, explicit=False):
         return None
     if len(parts) > 1:
         return tok if max(len(p) for p in parts) > 1 else None
-    camel = any(a.islower() and b.isupper() for a, b in zip(tok, tok[1:]))
+    camel = not tok[1:].islower() and any(a.islower() and b.isupper() for a, b in zip(tok, tok[1:]))  # 'Added' no
     return tok if explicit or camel or "_" in tok.strip("_") else None
 
 
