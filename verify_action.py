@@ -1371,11 +1371,13 @@ class RequestError(ValueError):
         self.code, self.message, self.status, self.headers = code, message, status, list(headers)
 
 
-# digits -> '0', other bytes -> ' '; opening brackets +1, closing -1 as signed bytes; the bytes that are no bracket
-_DIGIT_MASK, _DEPTH_STEP, _NOT_BRACKETS = (
+# digits -> '0', other bytes -> ' '; opening brackets +1, closing -1 as signed bytes; the bytes that are neither
+# bracket nor quote; a string once only quotes and brackets are left
+_DIGIT_MASK, _DEPTH_STEP, _NOT_DEPTH, _BARE_STRING = (
     bytes(48 if 48 <= b < 58 else 32 for b in range(256)),
     bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff"),
-    bytes(set(range(256)) - set(b"[]{}")),
+    bytes(set(range(256)) - set(b'[]{}"')),
+    re.compile(rb'"[^"]*"'),
 )
 MAX_INT = 2**53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
 
@@ -1388,9 +1390,6 @@ def need(ok, code, message):
 
 def _bad_json(message):
     raise RequestError("invalid_json", message)
-
-
-_refuse_constant = lambda name: _bad_json("NaN and Infinity are not JSON")
 
 
 def _exact_int(s):
@@ -1431,7 +1430,11 @@ def strict_parse(raw, exact_ints=True, levels=1):
     try:
         text = raw.decode("utf-8")
         long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
-        value = json.loads(text, parse_int=_exact_int if long_ints else None, parse_constant=_refuse_constant)
+        value = json.loads(
+            text,
+            parse_int=_exact_int if long_ints else None,
+            parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
+        )
         members = canonical_members(value, exact_ints, levels)
         again = assemble_canonical(members)
         again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
@@ -1451,7 +1454,10 @@ def strict_parse(raw, exact_ints=True, levels=1):
         _bad_json("duplicate object key")
     # Depth: the running depth over the brackets outside strings, counted in C.
     if text.count("[") + text.count("{") > MAX_DEPTH:
-        steps = _JSON_STRING.sub("", text).encode("utf-8").translate(_DEPTH_STEP, _NOT_BRACKETS)
+        # with escaped backslashes and quotes masked, only brackets (as steps) and quotes are kept: most strings are
+        # then "", dropped in one C pass, not a regex match each
+        unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+        steps = _BARE_STRING.sub(b"", unescaped.translate(_DEPTH_STEP, _NOT_DEPTH).replace(b'""', b""))
         if max(itertools.accumulate(memoryview(steps).cast("b"))) > MAX_DEPTH:
             _bad_json("nesting deeper than %d" % MAX_DEPTH)
     return value, members
