@@ -159,7 +159,8 @@ def adversarial_bodies():
     """At least 20 hostile bodies up to the 1 MiB limit, as (label, path, body): the review's slow inputs and their
     kin (deep nests, many small objects, long strings, a diff of many files, long SQL, many claim tokens, floats)."""
     def fill(head, unit, tail):  # as many units as fit
-        return (head + unit * ((va.MAX_BODY - len(head) - len(tail)) // len(unit)) + tail).encode()
+        size = lambda text: len(text.encode())
+        return (head + unit * ((va.MAX_BODY - size(head) - size(tail)) // size(unit)) + tail).encode()
 
     def verify(claim, evidence_head, unit, tail, kind=None):
         head = '{%s"claim": %s, "evidence": %s' % ('"kind": "%s", ' % kind if kind else "", json.dumps(claim),
@@ -210,6 +211,11 @@ def adversarial_bodies():
         ("floats: 0.1234567", "/verify", verify("x", '{"a": [', "0.1234567,", "1]}")),
         ("floats: 12.0", "/verify", verify("x", '{"a": [', "12.0,", "1]}")),
         ("runs of 16 digits below 2^53", "/verify", verify("x", '{"a": [', "1234567890123456,", "1]}")),
+        ("U+E000 and astral in a value", "/verify", verify("x", '{"s": "\ue000\U0001f600", "a": [', '{"a":[{"b":[1]}]},',
+                                                           "1]}")),
+        # keys that mix them need UTF-16 order: the exact pure-Python encoder, slower than the target (see README)
+        ("U+E000 and astral in keys", "/verify", verify("x", '{"\ue000": 1, "\U0001f600": 2, "a": [',
+                                                        '{"a":[{"b":[1]}]},', "1]}")),
     ]
     return cases
 
@@ -297,6 +303,14 @@ class Issue11Speed(unittest.TestCase):
         self.assertEqual(va.canonical_json(doc).decode("utf-8"), ref_jcs(doc))
         for v in values[:40]:  # single numbers take the same layout
             self.assertEqual(va.canonical_json(v).decode(), ref_number(v), v)
+
+    def test_key_order_is_utf16_only_where_keys_mix(self):
+        # json.dumps sorts keys by code point; UTF-16 order differs only where keys mix U+E000-U+FFFF with astral
+        # characters, and only then does the exact pure-Python encoder run (values that mix them do not count)
+        pad = ["x" * 50] * 100
+        for doc in ({"\ue000": 1, "\U0001f600": 2, "pad": pad}, {"s": "\ue000\U0001f600", "\ue001": 1, "pad": pad},
+                    {"a": {"\U0001f600\\\"": 1, "\uff01": 2}, "pad": pad}, {"k\":": "\U0001f600", "\ue000": 1, "pad": pad}):
+            self.assertEqual(va.canonical_json(doc).decode("utf-8"), ref_jcs(doc))
 
     def test_a_request_is_canonicalised_once_and_hashed_alike(self):
         body = json.dumps({"claim": "status is ok", "evidence": {"a": [1.5, 2.0, {"status": "ok"}] * 2000},

@@ -139,6 +139,11 @@ _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text;
 # An integer that may reach 2^53 (ECMAScript writes it as a double: 2^60 is 1152921504606847000); from a run's start.
 _BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
 _BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
+# in JSON text with its escapes masked and each key's closing quote marked by \x01: a key holding a character of the
+# class. Only real quotes are left, so each string is read once from its opening quote: linear.
+_BMP_HIGH_KEY, _ASTRAL_KEY = (
+    re.compile('"[^"%s]*[%s][^"]*\x01"' % (c, c)) for c in ("\ue000-\uffff", "\U00010000-\U0010ffff")
+)
 # a float whose repr and ECMAScript forms differ: integral (12.0, not a version's 1.0.0) or with an exponent
 _FLOAT_FORMS = re.compile(r"[0-9]\.0(?![0-9eE.])|[0-9]e[-+]")
 _SORTED = json.JSONEncoder(
@@ -173,8 +178,9 @@ def _jcs(v):
         return "[" + ",".join(_jcs(i) for i in v) + "]"
     if not isinstance(v, dict):
         raise TypeError("not a JSON value: %s" % type(v).__name__)
-    keys = sorted(v, key=lambda k: k.encode("utf-16-be"))  # UTF-16 code unit order
-    return "{" + ",".join(_encode_str(k) + ":" + _jcs(v[k]) for k in keys) + "}"
+    return "{" + ",".join(  # keys in UTF-16 code unit order
+        _encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-16-be"))
+    ) + "}"
 
 
 # json.dumps writes a float as repr does, JCS as ECMAScript does: the same shortest round-trip digits in another
@@ -225,6 +231,9 @@ def _canonical_text(value, exact_ints=False):
     big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
     if big_int or not isinstance(value, (dict, list)) or not text.isascii() and (
         _BMP_HIGH.search(text) and _ASTRAL.search(text)
+        # then in keys: escapes masked, each key's end marked by \x01 (free: json.dumps escapes it)
+        and _BMP_HIGH_KEY.search(marked := text.replace("\\\\", "").replace('\\"', "").replace('":', '\x01":'))
+        and _ASTRAL_KEY.search(marked)
     ):
         return _jcs(value)
     return _es_floats(text) if _FLOAT_FORMS.search(text) else text
@@ -1429,10 +1438,9 @@ def strict_parse(raw, exact_ints=True, levels=1):
     kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
     try:
         text = raw.decode("utf-8")
-        long_ints = exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK)  # 16 digits start any integer >= 2^53
         value = json.loads(
-            text,
-            parse_int=_exact_int if long_ints else None,
+            text,  # 16 digits start any integer >= 2^53: only then are integers read one by one
+            parse_int=_exact_int if exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK) else None,
             parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
         )
         members = canonical_members(value, exact_ints, levels)
