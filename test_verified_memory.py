@@ -1495,6 +1495,25 @@ class TestCommandLine(TempDirCase):
             printed = done.stderr if argv == ['serve'] else done.stdout        # serve sends print() to stderr
             self.assertEqual(printed.strip().splitlines()[-1], "[]")
 
+    def test_a_closed_standard_output_is_reported_not_a_traceback_or_nothing_written(self):
+        out = os.path.join(self.tmp, "built")
+        for args in (["check", "--pack", EXAMPLE], ["search", "--pack", EXAMPLE, "garden"],
+                     ["check-payee", "--pack", EXAMPLE, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                      "DE89370400440532013000"],
+                     ["build", "--messages", os.path.join(EXAMPLE_INPUT, "messages.jsonl"), "--records",
+                      os.path.join(EXAMPLE_INPUT, "records.jsonl"), "--out", out, "--title", "T"]):
+            with self.subTest(command=args[0]):
+                proc = subprocess.Popen([sys.executable, SCRIPT] + args, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
+                proc.stdout.close()                   # the reader leaves at once, as `... | head -0` would
+                err = proc.stderr.read().decode()
+                proc.stderr.close()
+                self.assertEqual(proc.wait(60), 1)
+                self.assertEqual(err.splitlines()[-1], vm.OUTPUT_LOST)
+                self.assertNotIn("Traceback", err)
+                self.assertNotIn("nothing was written", err)
+        self.assertEqual(read(os.path.join(out, "records.jsonl")), read(os.path.join(EXAMPLE, "records.jsonl")))
+
     def test_terminal_stdin_gets_a_hint_on_stderr(self):
         try:
             import pty

@@ -3411,6 +3411,7 @@ Trust flags (serve, check, search, get, check-payee), also as --flag=value:
 An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be absolute.
 Without --pack, a checkout serves the examples/pack folder beside this file.
 --help shows this text; --version the version."""
+OUTPUT_LOST = "verified-memory: standard output was closed, so the output is lost (any pack or file written stays)"
 PYTHON_COMMAND = "python" if os.name == "nt" else "python3"     # what a python.org install puts on PATH
 TRUST_FLAGS = {"--trusted-keys": "value", "--trusted-fingerprint": "list", "--revoked-keys": "value",
                "--min-sequence": "value", "--require-signature": "bool", "--strict": "bool"}
@@ -3519,10 +3520,16 @@ def pack_root(options):
 
 
 def _print_json(obj):
-    """Print JSON as UTF-8 with LF, whatever the console code page or the OS's line ending."""
-    sys.stdout.flush()
-    sys.stdout.buffer.write(json.dumps(obj, ensure_ascii=False, indent=2).encode("utf-8") + b"\n")
-    sys.stdout.buffer.flush()
+    """Print JSON as UTF-8 with LF, whatever the console code page or the OS's line ending -> True, or False
+    (said on stderr) when standard output was closed, as by `... | head -1`."""
+    try:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(json.dumps(obj, ensure_ascii=False, indent=2).encode("utf-8") + b"\n")
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        print(OUTPUT_LOST, file=sys.stderr)
+        return False
+    return True
 
 
 def main(argv=None):
@@ -3552,6 +3559,9 @@ def main(argv=None):
     except PackError as e:
         print("verified-memory: refused: %s" % e, file=sys.stderr)
         return 1
+    except BrokenPipeError:                   # our reader left after the command's work was done; it stands
+        print(OUTPUT_LOST, file=sys.stderr)
+        return 1
     except OSError as e:                      # build and sign: a folder that cannot be written, a full disk
         print("verified-memory: failed, nothing was written: %s" % e, file=sys.stderr)
         return 1
@@ -3564,8 +3574,7 @@ def main(argv=None):
         print("verified-memory: warning: pack is signed by %s, which is not a key you trust; signature.status is "
               "untrusted" % snapshot.signature["fingerprint"], file=sys.stderr)
     if command == "check":
-        _print_json({"pack": snapshot.root, "verification": verification, "sandbox": sandbox})
-        return 0
+        return 0 if _print_json({"pack": snapshot.root, "verification": verification, "sandbox": sandbox}) else 1
     if command in ("search", "get", "check-payee"):
         name = "verified_memory_" + command.replace("-", "_")
         payload, error = ToolServer(snapshot, time.time_ns).call(name, dict(zip(
@@ -3573,8 +3582,8 @@ def main(argv=None):
         if error:
             print("verified-memory: %s" % error, file=sys.stderr)
             return 1
-        _print_json(payload)
-        return 1 if payload.get("outcome", "match") != "match" else 0
+        delivered = _print_json(payload)
+        return 0 if delivered and payload.get("outcome", "match") == "match" else 1
     snapshot.index.start()                    # index while the client starts; the first search waits for it
     out = sys.stdout.buffer
     sys.stdout = sys.stderr                   # a stray print must never corrupt the protocol stream
