@@ -32,7 +32,6 @@ import binascii
 import datetime
 import functools
 import hashlib
-import heapq
 import itertools
 import json
 import os
@@ -44,6 +43,8 @@ import time
 import unicodedata
 from bisect import bisect_left
 from collections import Counter, defaultdict, namedtuple
+from itertools import compress, repeat
+from operator import add, and_, itemgetter, lshift, or_, rshift
 
 # ============================================================================
 # §1 Constants and limits
@@ -748,11 +749,14 @@ def _citation_shape(citation, line, at):
 
 
 def parse_records(data):
-    """records.jsonl bytes -> (line offsets, record ids, date_last_utc instants).
+    """records.jsonl bytes -> (line offsets, record ids, date_last_utc instants, searchable texts).
 
     UTF-8, LF endings, one object per line, no blank lines, 1 to 10,000
     records, unique record_id. Only the offsets of the verified bytes are kept,
-    so the snapshot holds the raw file once instead of a dict per record.
+    so the snapshot holds the raw file once instead of a dict per record. For the
+    index, each record's statement, topic and quotes go into bytearrays of about
+    1 MiB as UTF-8, each text ended by a NUL (a NUL inside becomes a space: both
+    only separate words), so the index can free them a few at a time as it reads.
     """
     if data.startswith(b"\xef\xbb\xbf"):
         raise PackError("starts with a byte order mark", RECORDS, 1)
@@ -760,7 +764,7 @@ def parse_records(data):
         raise PackError("has no records; a pack needs at least one", RECORDS)
     if not data.endswith(b"\n"):
         raise PackError("must end with a newline", RECORDS, data.count(b"\n") + 1)
-    offsets, ids, dates, seen, times = array.array("L", [0]), [], [], {}, {}
+    offsets, ids, dates, texts, seen, times = array.array("L", [0]), [], [], [bytearray()], {}, {}
     start, number = 0, 0
     while start < len(data):
         end = data.index(b"\n", start)
@@ -784,9 +788,14 @@ def parse_records(data):
         seen[record_id] = number
         ids.append(record_id)
         dates.append(last)
+        if len(texts[-1]) >= 1 << 20:
+            texts.append(bytearray())
+        texts[-1] += "\n".join([record["statement"], record["topic"]] + [c["quote"] for c in record["evidence"]]) \
+            .replace("\0", " ").encode("utf-8")
+        texts[-1] += b"\0"
         start = end + 1
         offsets.append(start)
-    return offsets, ids, dates
+    return offsets, ids, dates, texts
 
 
 class PackDates:
@@ -828,7 +837,7 @@ def parse_pack_json(data):
 
 class VerifiedPack:
     """What the pure checks established about a pack's bytes."""
-    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "pack_dates", "signer")
+    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "texts", "pack_dates", "signer")
 
 
 def verify_pack_files(files):
@@ -852,7 +861,7 @@ def verify_pack_files(files):
     pack = VerifiedPack()
     pack.manifest_sha256 = hashlib.sha256(manifest).hexdigest()
     pack.records = files[RECORDS]
-    pack.offsets, pack.ids, pack.dates = parse_records(pack.records)
+    pack.offsets, pack.ids, pack.dates, pack.texts = parse_records(pack.records)
     pack.pack_dates = parse_pack_json(files[PACK_JSON]) if PACK_JSON in files else None
     pack.signer = verify_sshsig(files[SIGNATURE], manifest) if SIGNATURE in files else None
     return pack
@@ -1213,7 +1222,7 @@ def read_regular_file(name, limit, label, dir_fd=None):
                 raise PackError("was replaced while being opened", label)
             chunks, total, want = [], 0, fst.st_size + 1
             while total <= limit:
-                chunk = os.read(fd, min(want, limit + 1 - total))
+                chunk = os.read(fd, min(want - total, limit + 1 - total))   # the EOF check asks for 1 byte
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -1287,7 +1296,7 @@ class PackSnapshot:
         self.ids = {record_id: i for i, record_id in enumerate(pack.ids)}
         self.pack_dates = pack.pack_dates
         self.pack = {"sha256sums_sha256": pack.manifest_sha256, "records": len(pack.ids)}
-        self.index = SearchIndex(self.record, pack.dates, pack.ids)
+        self.index = SearchIndex(pack.texts, pack.dates, pack.ids)
 
     def record(self, i):
         """A fresh copy of record i, parsed from the verified bytes."""
@@ -1424,131 +1433,219 @@ def apply_sandbox(read_dir, mode):
 # §7 Search index
 # ============================================================================
 
-_WORD = re.compile(r"\w+")
-RANK_BITS, RANK_MASK = 14, (1 << 14) - 1      # ranks < 16384 > MAX_RECORDS
-COUNT_CAP = 1 << 40                           # above any count in a 16 MiB file
+PLACE_BITS, PLACE_MASK = 14, (1 << 14) - 1   # places < 16384 > MAX_RECORDS
+# bytes.translate table: every ASCII byte that is not a word character (\w) becomes a space.
+_SEPARATORS = bytes(byte if byte > 127 or chr(byte).isalnum() or byte == 95 else 32 for byte in range(256))
+_ASCII = bytes(range(128))
+
+
+def _spaced(text):
+    """text -> UTF-8 of its NFKC-normalised, case-folded form with every non-word character a space.
+
+    C-speed passes instead of a regular expression: one bytes.translate turns the ASCII separators
+    into spaces, and each distinct non-ASCII character is checked once (\w is alphanumeric or _).
+    """
+    folded = unicodedata.normalize("NFKC", text).casefold().encode("utf-8", "surrogatepass")
+    spaced = folded.translate(_SEPARATORS)
+    for char in set(folded.translate(None, _ASCII).decode("utf-8", "surrogatepass")):
+        if not char.isalnum():
+            spaced = spaced.replace(char.encode("utf-8", "surrogatepass"), b" ")
+    return spaced
 
 
 def search_words(text):
-    """NFKC-normalised, case-folded words, in order."""
-    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+    """NFKC-normalised, case-folded words (the runs of \w characters), in order."""
+    return _spaced(text).decode("utf-8", "surrogatepass").split()
+
+
+def _by_place(keys):
+    """A word's keys -> {place: occurrences}."""
+    return dict(zip(map(and_, keys, repeat(PLACE_MASK)), map(rshift, keys, repeat(PLACE_BITS))))
 
 
 class SearchIndex:
     """Inverted index over statement, topic and quotes, built once in a background thread.
 
-    Records are numbered by rank: newest date_last_utc first, then record ID.
-    Each word maps to an array of keys (COUNT_CAP - occurrences) << 14 | rank
-    in rank order, so a word's best records are simply its smallest keys.
-    Words in at least 1/8 of the records ("common") also keep their counts as
-    one big integer with a 32-bit field per record, so a query made only of
-    common words is a few C-level big-integer sums and masks, not a loop over
-    thousands of matching records.
+    Records are numbered by "place": the oldest date_last_utc (then the highest record ID) is 0,
+    the newest n - 1, so a record's key occurrences << 14 | place is larger the better it ranks.
+    A word in fewer than 1/8 of the records keeps an array of its keys. A word in at least 1/8
+    ("common") keeps its count in every record, one byte (or 32 bits) per place: a query made only
+    of common words is then a few big-integer sums and masks over all records at C speed, and its
+    best records are read off one byte per place, not found by a loop over thousands of matches.
+
+    A search that comes before the index is complete is answered by the building thread between two
+    records: from the postings for the records done, and by normalising the other records' texts.
+    Every way, the answer is exactly that of a linear scan.
     """
 
-    def __init__(self, record, dates, ids):
-        self._source = (record, dates, ids)
-        self._ready, self._started = threading.Event(), False
-        self.postings = self.by_rank = self.failure = None
-        self.common, self.rank_lists, self.vectors = 0, {}, {}
+    def __init__(self, texts, dates, ids):
+        self._source = (texts, dates, ids)
+        self._lock, self._ready, self._started, self._asked = threading.Lock(), threading.Event(), False, []
+        self.postings = self.failure = None
+        self.dense = {}
 
     def start(self):
-        """Build the index in a background thread, once; search() waits for it."""
+        """Build the index in a background thread, once; search() waits for it or for an early answer."""
         if not self._started:
             self._started = True
             threading.Thread(target=self._build, name="verified-memory-index", daemon=True).start()
 
     def _build(self):
         try:
-            record, dates, ids = self._source
-            by_rank = sorted(range(len(ids)), key=lambda i: (-dates[i], ids[i]))
+            texts, dates, ids = self._source
+            self._source = None
+            self.by_place = sorted(range(len(ids)), key=lambda i: (-dates[i], ids[i]))[::-1]   # worst rank first
+            self.place_of = array.array("H", sorted(range(len(ids)), key=self.by_place.__getitem__))
             postings = {}
-            for rank, i in enumerate(by_rank):
-                fields = record(i)
-                text = "\n".join([fields["statement"], fields["topic"]] + [c["quote"] for c in fields["evidence"]])
-                for word, count in Counter(search_words(text)).items():
-                    keys = postings.get(word)
+            get = postings.get
+            for place in reversed(self.place_of):       # the last record first: its text is cut off the end
+                chunk = texts[-1]
+                begin = chunk.rfind(0, 0, len(chunk) - 1) + 1
+                words = _spaced(chunk[begin:-1].decode("utf-8")).split()
+                del chunk[begin:]
+                if not chunk:
+                    texts.pop()
+                for word, count in Counter(words).items():
+                    keys = get(word)
                     if keys is None:
-                        keys = postings[word] = array.array("Q")
-                    keys.append((COUNT_CAP - count) << RANK_BITS | rank)
-            self.common = max(64, len(ids) // 8)
-            self._field_constants(len(ids))
-            for word, keys in postings.items():
-                if len(keys) >= self.common:
-                    ranks = self.rank_lists[word] = array.array("H", map(RANK_MASK.__and__, keys))
-                    if COUNT_CAP - (min(keys) >> RANK_BITS) < 1 << 13:   # 32 such counts fit 18 bits
-                        counts = array.array("I", bytes(4 * len(ids)))
-                        for rank, key in zip(ranks, keys):
-                            counts[rank] = COUNT_CAP - (key >> RANK_BITS)
-                        self.vectors[word] = self._vector(counts)
-            self.by_rank, self.postings = by_rank, postings
+                        keys = postings[word] = array.array("I")
+                    try:
+                        keys.append(count << PLACE_BITS | place)
+                    except OverflowError:         # 2**18 occurrences in one record: 64-bit keys for this word
+                        keys = postings[word] = array.array("Q", keys)
+                        keys.append(count << PLACE_BITS | place)
+                self._between(postings, texts)
+            self._densify(postings, len(ids))
+            self.postings = postings
         except BaseException as e:            # e.g. MemoryError: reported by search(), never a hang
             self.failure = e
         finally:
             self._source = None
-            self._ready.set()
+            with self._lock:
+                self._ready.set()
+            for request in self._asked:       # asked just now: answered from the finished index
+                request[2].set()
 
-    @staticmethod
-    def _vector(fields):
-        """array("I") -> one int whose 32-bit fields are its items (in native order both ways)."""
-        return int.from_bytes(fields.tobytes(), sys.byteorder)
+    def _between(self, postings, texts):
+        """Between two records: answer the searches asked meanwhile."""
+        if self._asked:
+            with self._lock:
+                asked, self._asked = self._asked, []
+            for request in asked:
+                request[3] = self._early(request[0], request[1], postings, texts)
+                request[2].set()
 
-    def _field_constants(self, size):
-        self.size = size
-        self.flags = self._vector(array.array("I", [1 << 30]) * size)           # bit 30 of every field
-        self.fill = self._vector(array.array("I", [(1 << 30) - 1]) * size)      # count + fill sets bit 30 iff count > 0
-        self.tiebreak = self._vector(array.array("I", range(RANK_MASK, RANK_MASK - size, -1)))
+    def _early(self, words, limit, postings, texts):
+        """The answer before the index is complete: each word's counts in the records done from its keys,
+        in the others by normalising their texts (all but the records done are still in `texts`)."""
+        found = [_by_place(postings.get(word, ())) for word in words]
+        left = (text for chunk in texts for text in chunk.split(b"\0")[:-1])
+        for place, text in zip(self.place_of, left):
+            spaced = b" %s " % _spaced(text.decode("utf-8"))
+            for word, counts in zip(words, found):
+                count = spaced.count(b" %s " % word)
+                if count and spaced.count(b" %s %s " % (word, word)):   # the space between is used once
+                    count = spaced.split().count(word)
+                if count:
+                    counts[place] = count
+        totals = found[0]
+        for counts in found[1:]:
+            totals = {place: total + counts[place] for place, total in totals.items() if place in counts}
+        best = sorted((total << PLACE_BITS | place for place, total in totals.items()), reverse=True)
+        return len(best), best[:limit]
+
+    def _densify(self, postings, size):
+        """Give every common word its count per place instead of its keys: one byte each, or 32 bits for a
+        word that occurs 256 times or more in some record."""
+        self.size, self.common = size, max(64, size // 8)
+        self.ones = int.from_bytes(array.array("I", [1]) * size, sys.byteorder)
+        self.flags, self.fill = self.ones << 31, self.ones * ((1 << 31) - 1)
+        for word in [word for word, keys in postings.items() if len(keys) >= self.common]:
+            keys = postings.pop(word)
+            counts = bytearray(size) if max(keys) >> PLACE_BITS < 256 else array.array("I", bytes(4 * size))
+            for key in keys:
+                counts[key & PLACE_MASK] = key >> PLACE_BITS
+            self.dense[word] = counts
+
+    def _vector(self, counts):
+        """A common word's counts -> one int with a 32-bit field per place."""
+        if type(counts) is bytearray:
+            wide = bytearray(4 * self.size)
+            wide[::4] = counts
+            return int.from_bytes(wide, "little")
+        return int.from_bytes(counts, sys.byteorder)
 
     def search(self, words, limit=MAX_MATCHES):
         """All `words` required -> (number matched, [(record index, occurrences)] of the best `limit`)."""
         self.start()
-        self._ready.wait()
+        words, request = [word.encode("utf-8", "surrogatepass") for word in words], None
+        with self._lock:
+            if not self._ready.is_set():
+                request = [words, limit, threading.Event(), None]
+                self._asked.append(request)
+        if request is not None:
+            request[2].wait()
         if self.failure is not None:
             raise RuntimeError("the search index could not be built (%s)" % type(self.failure).__name__)
-        lists = []
+        matched, best = request[3] if request and request[3] else self._lookup(words, limit)
+        return matched, [(self.by_place[key & PLACE_MASK], key >> PLACE_BITS) for key in best]
+
+    def _lookup(self, words, limit):
+        """The index's answer: keys of the best `limit` records, best first."""
+        rare = []
         for word in words:
-            keys = self.postings.get(word)
-            if keys is None:
+            if word in self.postings:
+                rare.append((len(self.postings[word]), word))
+            elif word not in self.dense:
                 return 0, []
-            lists.append((len(keys), word, keys))
-        lists.sort()
-        if len(lists) == 1:
-            matched, best = lists[0][0], heapq.nsmallest(limit, lists[0][2])
-        elif not all(word in self.vectors for _, word, _ in lists):
-            matched, best = self._filter(lists, limit)
-        else:
-            matched, best = self._common(lists, limit)
-        return matched, [(self.by_rank[key & RANK_MASK], COUNT_CAP - (key >> RANK_BITS)) for key in best]
+        common = [word for word in words if word in self.dense]
+        return self._filter(sorted(rare), common, limit) if rare else self._common(common, limit)
 
-    def _filter(self, lists, limit):
-        """The rarest word has few records: look each of them up in the other words' rank lists."""
-        found, others = [], [(self.rank_lists.get(word) or array.array("H", map(RANK_MASK.__and__, keys)), keys)
-                              for _, word, keys in lists[1:]]
-        for key in lists[0][2]:
-            rank, total = key & RANK_MASK, COUNT_CAP - (key >> RANK_BITS)
-            for ranks, keys in others:
-                at = bisect_left(ranks, rank)
-                if at == len(ranks) or ranks[at] != rank:
-                    break
-                total += COUNT_CAP - (keys[at] >> RANK_BITS)
+    def _filter(self, rare, common, limit):
+        """The rarest word has few records: look each of them up in the other words, in bulk."""
+        keys = self.postings[rare[0][1]]
+        if len(rare) == 1 and not common:
+            return len(keys), sorted(keys, reverse=True)[:limit]
+        places, totals = list(map(and_, keys, repeat(PLACE_MASK))), list(map(rshift, keys, repeat(PLACE_BITS)))
+        for word in [word for _, word in rare[1:]] + common:
+            if word in self.dense:
+                found = itemgetter(*places)(self.dense[word]) if len(places) > 1 else [self.dense[word][places[0]]]
             else:
-                found.append((COUNT_CAP - total) << RANK_BITS | rank)
-        return len(found), heapq.nsmallest(limit, found)
+                found = list(map(_by_place(self.postings[word]).get, places, repeat(0)))
+            places, totals = list(compress(places, found)), list(map(add, compress(totals, found), filter(None, found)))
+            if not places:
+                return 0, []
+        best = sorted(map(or_, map(lshift, totals, repeat(PLACE_BITS)), places), reverse=True)
+        return len(best), best[:limit]
 
-    def _common(self, lists, limit):
-        """Every word is common: sum the count vectors, mask the records holding every word, and
-        read the best fields, each (total << 14 | reversed rank), in one pass."""
+    def _common(self, words, limit):
+        """Every word is common: sum the count fields, mask the places holding every word, and read the best
+        places off one byte per place (a total of 255 or more shows as 255), from the top total down."""
         totals, present = 0, self.flags
-        for _, word, _ in lists:
-            vector = self.vectors[word]
+        for word in words:
+            vector = self._vector(self.dense[word])
             totals += vector
             present &= vector + self.fill
-        keys = (totals << RANK_BITS | self.tiebreak) & (present >> 30) * 0xFFFFFFFF
-        fields = array.array("I")
-        fields.frombytes(keys.to_bytes(4 * self.size, sys.byteorder))
-        best = [key for key in heapq.nlargest(limit, fields) if key]
-        return bin(present).count("1"), [(COUNT_CAP - (key >> RANK_BITS)) << RANK_BITS | RANK_MASK - (key & RANK_MASK)
-                                         for key in best]
+        matched = present.to_bytes(4 * self.size, sys.byteorder).count(b"\x80")   # each field 0 or 0x80 << 24
+        if not matched:
+            return 0, []
+        totals &= (present >> 31) * 0xFFFFFFFF
+        low = totals & self.ones * 0xFF
+        wide = (totals - low + self.fill - self.ones * 255) & self.flags          # bit 31 set iff total >= 256
+        small = (low | (wide >> 31) * 0xFF).to_bytes(4 * self.size, "little")[::4]
+        best, want = [], min(limit, matched)
+        for total in range(max(small), 0, -1):
+            found, at = [], len(small)
+            while total == 255 or len(best) + len(found) < want:
+                at = small.rfind(total, 0, at)
+                if at < 0:
+                    break
+                found.append(total << PLACE_BITS | at)
+            if total == 255:                  # 255 or more: order these by their exact totals
+                exact = array.array("I", totals.to_bytes(4 * self.size, sys.byteorder))
+                found = sorted((exact[key & PLACE_MASK] << PLACE_BITS | key & PLACE_MASK for key in found), reverse=True)
+            best += found[:want - len(best)]
+        return matched, best
 
 
 # ============================================================================
