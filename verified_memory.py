@@ -1643,7 +1643,8 @@ class SearchIndex:
                 found.append(total << PLACE_BITS | at)
             if total == 255:                  # 255 or more: order these by their exact totals
                 exact = array.array("I", totals.to_bytes(4 * self.size, sys.byteorder))
-                found = sorted((exact[key & PLACE_MASK] << PLACE_BITS | key & PLACE_MASK for key in found), reverse=True)
+                found = sorted((exact[key & PLACE_MASK] << PLACE_BITS | key & PLACE_MASK for key in found),
+                               reverse=True)
             best += found[:want - len(best)]
         return matched, best
 
