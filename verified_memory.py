@@ -32,6 +32,7 @@ import binascii
 import datetime
 import functools
 import hashlib
+import heapq
 import itertools
 import json
 import os
@@ -1492,7 +1493,6 @@ class SearchIndex:
     def _build(self):
         try:
             texts, dates, ids = self._source
-            self._source = None
             self.by_place = sorted(range(len(ids)), key=lambda i: (-dates[i], ids[i]))[::-1]   # worst rank first
             self.place_of = array.array("H", sorted(range(len(ids)), key=self.by_place.__getitem__))
             # First normalise every text, each on its own (a long text is slow to normalise if any of it needs
@@ -1509,9 +1509,7 @@ class SearchIndex:
                     done -= 1
                     place = self.place_of[done]
                     for word, count in Counter(records.pop().split()).items():
-                        keys = get(word)
-                        if keys is None:
-                            keys = postings[word] = array.array("I")
+                        keys = get(word) or postings.setdefault(word, array.array("I"))   # never empty once made
                         try:
                             keys.append(count << PLACE_BITS | place)
                         except OverflowError:     # 2**18 occurrences in one record: 64-bit keys for this word
@@ -1575,9 +1573,8 @@ class SearchIndex:
             wide = bytearray(width * self.size)
             wide[::width] = counts
             return int.from_bytes(wide, "little")
-        big_endian = sys.byteorder == "big"   # then the first item of the array is the most significant
-        return int.from_bytes(array.array("H" if width == 2 else "I", reversed(counts) if big_endian else counts),
-                              sys.byteorder)
+        items = reversed(counts) if sys.byteorder == "big" else counts     # big-endian: first is most significant
+        return int.from_bytes(array.array("H" if width == 2 else "I", items), sys.byteorder)
 
     def search(self, words, limit=MAX_MATCHES):
         """All `words` required -> (number matched, [(record index, occurrences)] of the best `limit`).
