@@ -32,7 +32,6 @@ import unicodedata
 import unittest
 from collections import Counter
 from unittest import mock
-from unittest import mock
 
 import verified_memory as vm
 
@@ -1232,21 +1231,26 @@ def reference_words(text):
     return re.findall(r"\w+", unicodedata.normalize("NFKC", text).casefold())
 
 
+def index_over(records, index_class=vm.SearchIndex, *args):
+    """A search index over records.jsonl bytes, as a snapshot makes it."""
+    offsets, ids, dates = vm.parse_records(records)
+    return index_class(lambda i: json.loads(records[offsets[i]:offsets[i + 1] - 1]), dates, ids, *args)
+
+
 class EarlyAnswers(vm.SearchIndex):
     """An index that, at a few points of its build, answers `queries` the way it answers a search asked
     before the index is complete: when 1 record, half of them and all but one are indexed."""
 
-    def __init__(self, records, queries):
-        _, ids, dates, texts = vm.parse_records(records)
-        super().__init__(texts, dates, ids)
+    def __init__(self, record, dates, ids, queries):
+        super().__init__(record, dates, ids)
         self.queries, self.indexed, self.early = [[w.encode() for w in query] for query in queries], 0, []
         self.checkpoints = {1, len(ids) // 2, len(ids) - 1}
 
-    def _between(self, postings, spaced, records):
+    def _between(self, postings, record, done):
         self.indexed += 1
         if self.indexed in self.checkpoints:
-            self.early.append([self._early(query, 10, postings, spaced, records) for query in self.queries])
-        super()._between(postings, spaced, records)
+            self.early.append([self._early(query, 10, postings, record, done) for query in self.queries])
+        super()._between(postings, record, done)
 
 
 class TestSearchIndexPaths(SearchCase):
@@ -1281,7 +1285,7 @@ class TestSearchIndexPaths(SearchCase):
                              [(rid, -n) for n, _, rid in hits[:10]], query)
             asked.append(query)
             expected.append(index._lookup([w.encode() for w in query], 10))
-        probe = EarlyAnswers(read(os.path.join(snapshot.root, "records.jsonl")), asked)
+        probe = index_over(read(os.path.join(snapshot.root, "records.jsonl")), EarlyAnswers, asked)
         probe.start()
         probe._ready.wait()
         self.assertIsNone(probe.failure)
@@ -1334,17 +1338,6 @@ class TestSearchIndexPaths(SearchCase):
                                                weights=[8] * len(common) + [1] * len(rare))
         self.assertEqual(paths, {"one", "filter", "common"})
 
-    def test_texts_read_in_many_chunks(self):
-        rng = random.Random(12)
-        vocabulary = ["v%d" % i for i in range(60)]
-        weights = [1.0 / (i + 1) for i in range(60)]
-        texts = [" ".join(rng.choices(vocabulary, weights, k=rng.randint(1, 40))) for _ in range(600)]
-        with mock.patch.object(vm, "TEXT_CHUNK_BYTES", 256):
-            index, paths = self.check_against_scan(texts, vocabulary, rng, queries=150)
-            chunks = vm.parse_records(read(os.path.join(self.tools.snapshot.root, "records.jsonl")))[3]
-        self.assertGreater(len(chunks), 50)
-        self.assertEqual(paths, {"one", "filter", "common"})
-
     def test_huge_counts_stay_exact(self):
         # 70,000 occurrences overflow 16 bits; totals around 255 (a byte) are ordered by their exact values
         texts = ["big small"] * 87 + [" ".join(["big"] * (248 + 3 * i)) + " small" for i in range(12)] + \
@@ -1354,6 +1347,31 @@ class TestSearchIndexPaths(SearchCase):
         self.assertIsInstance(index.dense[b"small"], bytearray)       # one byte each
         matched, best = index.search(["big", "small"])
         self.assertEqual((matched, best[0][1]), (100, 70001))
+
+    def test_a_search_asked_during_the_build_is_answered_early_and_exactly(self):
+        class AnswersEarly(vm.SearchIndex):
+            early = 0
+
+            def _build(self):                 # starts only once a search waits, so that search is early
+                while not self._asked:
+                    time.sleep(0.001)
+                super()._build()
+
+            def _early(self, *args):
+                self.early += 1
+                return super()._early(*args)
+        rng = random.Random(2)
+        texts = [" ".join(rng.choices(["a", "b", "c", "d", "e%d" % i], k=20)) for i in range(300)]
+        self.check_against_scan(texts, ["a", "b"], rng, queries=1)
+        records = read(os.path.join(self.tools.snapshot.root, "records.jsonl"))
+        for query in (["a"], ["a", "b", "e7"], ["e1", "e2"]):
+            index = index_over(records, AnswersEarly)
+            early = index.search(query)
+            index._ready.wait()
+            self.assertEqual((index.early, early), (1, index.search(query)), query)
+        failing = AnswersEarly(lambda i: {}["missing"], [0], ["M-1"])
+        with self.assertRaisesRegex(RuntimeError, r"could not be built \(KeyError\)"):
+            failing.search(["a"])             # asked, then released by the failure: no hang
 
     def test_search_words_is_the_regular_expression(self):
         rng = random.Random(6)
@@ -1368,19 +1386,18 @@ class TestSearchIndexPaths(SearchCase):
 class TestSearchIndexFailure(TempDirCase):
     def test_a_failed_index_build_is_a_tool_error_not_a_hang(self):
         snapshot = self.load(EXAMPLE)
-        snapshot.index = vm.SearchIndex([bytearray(b"\x80\xff")], [0], ["M-1"])   # a text that is not UTF-8
+        snapshot.index = vm.SearchIndex(lambda i: {}["missing"], [0], ["M-1"])     # the build raises KeyError
         tools = vm.ToolServer(snapshot, lambda: NOW)
-        self.assertEqual(tools.call("verified_memory_search", {"query": "garden"}), (None, "verified-memory: the "
-                         "search index could not be built (UnicodeDecodeError); restart the server"))
+        self.assertEqual(tools.call("verified_memory_search", {"query": "garden"}),
+                         (None, "verified-memory: the search index could not be built (KeyError); restart the server"))
         self.assertTrue(tools.call("verified_memory_get", {"id": "M-garden-1"})[0]["found"])   # get needs no index
 
-    def test_a_failure_after_the_texts_are_ready_is_reported_too(self):
+    def test_a_failure_after_the_records_are_read_is_reported_too(self):
         class RunsOutOfMemory(vm.SearchIndex):
             def _densify(self, postings, size):
                 raise MemoryError
         snapshot = self.load(EXAMPLE)
-        _, ids, dates, texts = vm.parse_records(read(os.path.join(EXAMPLE, "records.jsonl")))
-        snapshot.index = RunsOutOfMemory(texts, dates, ids)
+        snapshot.index = index_over(read(os.path.join(EXAMPLE, "records.jsonl")), RunsOutOfMemory)
         snapshot.index.start()
         snapshot.index._ready.wait()
         self.assertEqual(vm.ToolServer(snapshot, lambda: NOW).call("verified_memory_search", {"query": "garden"}),

@@ -44,7 +44,7 @@ import time
 import unicodedata
 from bisect import bisect_left
 from collections import Counter, defaultdict, namedtuple
-from itertools import chain, compress, islice, repeat
+from itertools import compress, repeat
 from operator import add, and_, itemgetter, lshift, or_, rshift
 
 # ============================================================================
@@ -61,7 +61,6 @@ OPTIONAL_FILES = (PACK_JSON, SIGNATURE)
 FILE_LIMITS = {RECORDS: 16 << 20, MEMORY: 16 << 20, README: 16 << 20,
                MANIFEST: 4096, SIGNATURE: 4096, PACK_JSON: 4096}
 MAX_RECORDS = 10000
-TEXT_CHUNK_BYTES = 1 << 20               # records' searchable texts are kept (and freed) this much at a time
 MAX_HOST_FILE_BYTES = 64 << 10           # --trusted-keys and --revoked-keys files
 MAX_MESSAGE_BYTES = 1 << 20              # one JSON-RPC line on stdin
 MAX_BATCH = 32                           # JSON-RPC messages in one 2025-03-26 batch
@@ -751,14 +750,11 @@ def _citation_shape(citation, line, at):
 
 
 def parse_records(data):
-    """records.jsonl bytes -> (line offsets, record ids, date_last_utc instants, searchable texts).
+    """records.jsonl bytes -> (line offsets, record ids, date_last_utc instants).
 
     UTF-8, LF endings, one object per line, no blank lines, 1 to 10,000
     records, unique record_id. Only the offsets of the verified bytes are kept,
-    so the snapshot holds the raw file once instead of a dict per record. For the
-    index, each record's statement, topic and quotes go into bytearrays of about
-    1 MiB as UTF-8, each text ended by a byte 0xFF (never part of UTF-8), so the
-    index can free them a few at a time as it reads them.
+    so the snapshot holds the raw file once instead of a dict per record.
     """
     if data.startswith(b"\xef\xbb\xbf"):
         raise PackError("starts with a byte order mark", RECORDS, 1)
@@ -766,7 +762,7 @@ def parse_records(data):
         raise PackError("has no records; a pack needs at least one", RECORDS)
     if not data.endswith(b"\n"):
         raise PackError("must end with a newline", RECORDS, data.count(b"\n") + 1)
-    offsets, ids, dates, texts, seen, times = array.array("L", [0]), [], [], [bytearray()], {}, {}
+    offsets, ids, dates, seen, times = array.array("L", [0]), [], [], {}, {}
     start, number = 0, 0
     while start < len(data):
         end = data.index(b"\n", start)
@@ -790,14 +786,9 @@ def parse_records(data):
         seen[record_id] = number
         ids.append(record_id)
         dates.append(last)
-        if len(texts[-1]) >= TEXT_CHUNK_BYTES:
-            texts.append(bytearray())
-        texts[-1] += "\n".join([record["statement"], record["topic"]] + [c["quote"] for c in record["evidence"]]) \
-            .encode("utf-8")
-        texts[-1] += b"\xff"
         start = end + 1
         offsets.append(start)
-    return offsets, ids, dates, texts
+    return offsets, ids, dates
 
 
 class PackDates:
@@ -839,7 +830,7 @@ def parse_pack_json(data):
 
 class VerifiedPack:
     """What the pure checks established about a pack's bytes."""
-    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "texts", "pack_dates", "signer")
+    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "pack_dates", "signer")
 
 
 def verify_pack_files(files):
@@ -863,7 +854,7 @@ def verify_pack_files(files):
     pack = VerifiedPack()
     pack.manifest_sha256 = hashlib.sha256(manifest).hexdigest()
     pack.records = files[RECORDS]
-    pack.offsets, pack.ids, pack.dates, pack.texts = parse_records(pack.records)
+    pack.offsets, pack.ids, pack.dates = parse_records(pack.records)
     pack.pack_dates = parse_pack_json(files[PACK_JSON]) if PACK_JSON in files else None
     pack.signer = verify_sshsig(files[SIGNATURE], manifest) if SIGNATURE in files else None
     return pack
@@ -1298,7 +1289,7 @@ class PackSnapshot:
         self.ids = {record_id: i for i, record_id in enumerate(pack.ids)}
         self.pack_dates = pack.pack_dates
         self.pack = {"sha256sums_sha256": pack.manifest_sha256, "records": len(pack.ids)}
-        self.index = SearchIndex(pack.texts, pack.dates, pack.ids)
+        self.index = SearchIndex(self.record, pack.dates, pack.ids)
 
     def record(self, i):
         """A fresh copy of record i, parsed from the verified bytes."""
@@ -1459,6 +1450,11 @@ def search_words(text):
     return _folded(text).translate(_SEPARATORS).decode("utf-8", "surrogatepass").split()
 
 
+def _text(record):
+    """What search reads of a record: its statement, topic and quotes."""
+    return "\n".join([record["statement"], record["topic"]] + [citation["quote"] for citation in record["evidence"]])
+
+
 def _by_place(keys):
     """A word's keys -> {place: occurrences}."""
     return dict(zip(map(and_, keys, repeat(PLACE_MASK)), map(rshift, keys, repeat(PLACE_BITS))))
@@ -1479,8 +1475,8 @@ class SearchIndex:
     Every way, the answer is exactly that of a linear scan.
     """
 
-    def __init__(self, texts, dates, ids):
-        self._source = (texts, dates, ids)
+    def __init__(self, record, dates, ids):
+        self._source = (record, dates, ids)
         self._lock, self._ready, self._started, self._asked = threading.Lock(), threading.Event(), False, []
         self.postings, self.failure, self.dense = None, None, {}
 
@@ -1492,30 +1488,20 @@ class SearchIndex:
 
     def _build(self):
         try:
-            texts, dates, ids = self._source
+            record, dates, ids = self._source
             self.by_place = sorted(range(len(ids)), key=lambda i: (-dates[i], ids[i]))[::-1]   # worst rank first
             self.place_of = array.array("H", sorted(range(len(ids)), key=self.by_place.__getitem__))
-            # First normalise every text, each on its own (a long text is slow to normalise if any of it needs
-            # it), with every word between two spaces of its own (see _early); then count the words, last record
-            # first, freeing the texts as they are read.
-            spaced, postings, done = [], {}, len(ids)
-            while texts:
-                folded = b" \xff ".join(map(_folded, map(bytearray.decode, texts.pop(0).split(b"\xff")[:-1])))
-                spaced.append((b" %s \xff" % folded).translate(_SEPARATORS).replace(b" ", b"  "))
+            postings = {}
             get = postings.get
-            while spaced:
-                records = spaced.pop().split(b"\xff")[:-1]
-                while records:
-                    done -= 1
-                    place = self.place_of[done]
-                    for word, count in Counter(records.pop().split()).items():
-                        keys = get(word) or postings.setdefault(word, array.array("I"))   # never empty once made
-                        try:
-                            keys.append(count << PLACE_BITS | place)
-                        except OverflowError:     # 2**18 occurrences in one record: 64-bit keys for this word
-                            keys = postings[word] = array.array("Q", keys)
-                            keys.append(count << PLACE_BITS | place)
-                    self._between(postings, spaced, records)
+            for i in range(len(ids) - 1, -1, -1):
+                for word, count in Counter(_folded(_text(record(i))).translate(_SEPARATORS).split()).items():
+                    keys = get(word) or postings.setdefault(word, array.array("I"))   # never empty once made
+                    try:
+                        keys.append(count << PLACE_BITS | self.place_of[i])
+                    except OverflowError:         # 2**18 occurrences in one record: 64-bit keys for this word
+                        keys = postings[word] = array.array("Q", keys)
+                        keys.append(count << PLACE_BITS | self.place_of[i])
+                self._between(postings, record, i)
             self._densify(postings, len(ids))
             self.postings = postings
         except BaseException as e:            # e.g. MemoryError: reported by search(), never a hang
@@ -1527,30 +1513,29 @@ class SearchIndex:
             for request in self._asked:       # asked just now: answered from the finished index
                 request[2].set()
 
-    def _between(self, postings, spaced, records):
-        """Between two records: answer the searches asked meanwhile."""
+    def _between(self, postings, record, done):
+        """Between two records (`done` and those after it are indexed): answer the searches asked meanwhile."""
         if self._asked:
             with self._lock:
                 asked, self._asked = self._asked, []
             for request in asked:
-                request[3] = self._early(request[0], request[1], postings, spaced, records)
+                request[3] = self._early(request[0], request[1], postings, record, done)
                 request[2].set()
 
-    def _early(self, words, limit, postings, spaced, records):
-        """The answer before the index is complete: from the keys for the records done; for the others (the
-        chunks in `spaced`, then `records`) by bytes.count of b" w " in each text, exact since every word in
-        them has two spaces of its own."""
+    def _early(self, words, limit, postings, record, done):
+        """The answer before the index is complete: from the keys of the records indexed; for the others (0 to
+        `done` - 1) by bytes.count of b" w " in each normalised text once its spaces are doubled, so that
+        every word has two of its own (a linear scan of what is left)."""
         found = [_by_place(postings.get(word, ())) for word in words]
-        done = found[0]
+        indexed = found[0]
         for counts in found[1:]:
-            done = {place: total + counts[place] for place, total in done.items() if place in counts}
-        best, places = [total << PLACE_BITS | place for place, total in done.items()], iter(self.place_of)
-        for texts in chain((chunk.split(b"\xff")[:-1] for chunk in spaced), [records]):
-            present, totals = repeat(1), repeat(0)
-            for word in words:
-                counts = list(map(bytes.count, texts, repeat(b" %s " % word)))
-                present, totals = list(map(min, present, counts)), list(map(add, totals, counts))
-            best += compress(map(or_, map(lshift, totals, repeat(PLACE_BITS)), islice(places, len(texts))), present)
+            indexed = {place: total + counts[place] for place, total in indexed.items() if place in counts}
+        best = [total << PLACE_BITS | place for place, total in indexed.items()]
+        for i in range(done):
+            spaced = b" %s " % _folded(_text(record(i))).translate(_SEPARATORS).replace(b" ", b"  ")
+            counts = [spaced.count(b" %s " % word) for word in words]
+            if all(counts):
+                best.append(sum(counts) << PLACE_BITS | self.place_of[i])
         best.sort(reverse=True)
         return len(best), best[:limit]
 
