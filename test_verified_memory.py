@@ -30,6 +30,7 @@ import tempfile
 import time
 import unicodedata
 import unittest
+import warnings
 from collections import Counter
 from unittest import mock
 
@@ -1227,7 +1228,7 @@ class SearchCase(TempDirCase):
 
 
 def reference_words(text):
-    """The definition search_words must meet, kept independent of it: \w+ runs of NFKC + casefold."""
+    """The definition search_words must meet, kept independent of it: \\w+ runs of NFKC + casefold."""
     return re.findall(r"\w+", unicodedata.normalize("NFKC", text).casefold())
 
 
@@ -1381,6 +1382,16 @@ class TestSearchIndexPaths(SearchCase):
             text = "".join(rng.choice(alphabet) if rng.random() < 0.7 else chr(rng.randrange(0x30000))
                            for _ in range(rng.randint(0, 24)))
             self.assertEqual(vm.search_words(text), reference_words(text), repr(text))
+
+
+class TestSourceWarnings(unittest.TestCase):
+    def test_no_syntax_warnings(self):
+        # an invalid escape like "\\w" in a plain string is a SyntaxWarning on 3.12+: printed at every start,
+        # and on 3.13 it costs the tokenize import in a cold start
+        for path in (SCRIPT, os.path.abspath(__file__)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                compile(read(path), path, "exec")
 
 
 class TestSearchIndexFailure(TempDirCase):

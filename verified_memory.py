@@ -1434,7 +1434,7 @@ _ASCII = bytes(range(128))
 
 def _folded(text):
     """text -> UTF-8 of its NFKC-normalised, case-folded form in which every non-ASCII character that is not
-    a word character (\w: alphanumeric or _) is a space; bytes.translate(_SEPARATORS) does the ASCII ones.
+    a word character (\\w: alphanumeric or _) is a space; bytes.translate(_SEPARATORS) does the ASCII ones.
 
     C-speed passes instead of a regular expression: each distinct non-ASCII character is checked once.
     """
@@ -1446,7 +1446,7 @@ def _folded(text):
 
 
 def search_words(text):
-    """NFKC-normalised, case-folded words (the runs of \w characters), in order."""
+    """NFKC-normalised, case-folded words (the runs of \\w characters), in order."""
     return _folded(text).translate(_SEPARATORS).decode("utf-8", "surrogatepass").split()
 
 
