@@ -1328,6 +1328,7 @@ class TestSearchIndexPaths(SearchCase):
                                            dates=["2026-01-01T00:00:00Z"] * 300)
         matched, best = index.search(["words", "same"])
         self.assertEqual((matched, [i for i, _ in best]), (300, list(range(10))))
+        self.assertEqual(index.search([]), (0, []))
 
     def test_rare_words_filter_common_and_rare_words(self):
         rng = random.Random(8)

@@ -1563,7 +1563,9 @@ class SearchIndex:
 
     def search(self, words, limit=MAX_MATCHES):
         """All `words` required -> (number matched, [(record index, occurrences)] of the best `limit`).
-        Before the index is complete, the building thread answers between two records."""
+        Before the index is complete, the building thread answers between two records. No words: no match."""
+        if not words:
+            return 0, []
         self.start()
         request = [[word.encode("utf-8", "surrogatepass") for word in words], limit, threading.Event(), None]
         with self._lock:
