@@ -1324,20 +1324,29 @@ def verify_receipt(receipt, keyring):
 # ============================================================================================================
 
 
+# Where the OS has them: binary (Windows), not inherited by child processes, no link followed
+_OPEN_FLAGS = getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+# Windows keeps no POSIX modes (os.stat shows 0o666, or 0o444 read-only, whatever its ACLs say): no refusal by mode
+POSIX_MODES = os.name == "posix"
+
+
 def read_private_file(path, limit=65536, fd=None):
-    """Text of a regular file group and others cannot access (else ValueError); reads fd if given."""
+    """Text of a regular file group and others cannot access (else ValueError); reads fd if given. Where modes are
+    not enforced (Windows) it says so on stderr instead of refusing by mode."""
     own = fd is None
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if own else fd
+    fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS | getattr(os, "O_NONBLOCK", 0)) if own else fd  # a FIFO never blocks
     try:
         mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
     finally:
         if own:
             os.close(fd)
-    if not stat.S_ISREG(mode) or mode & 0o077 or len(data) > limit:
+    if not stat.S_ISREG(mode) or POSIX_MODES and mode & 0o077 or len(data) > limit:
         raise ValueError(
             "refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
             "others (mode %03o; run chmod 600 on it)" % (path, limit, mode & 0o777)
         )
+    if not POSIX_MODES:
+        sys.stderr.write("verify_action.py: Windows does not enforce file modes; keep %s readable only by you\n" % path)
     return data.decode("utf-8")
 
 
@@ -1349,11 +1358,11 @@ def load_keyring(path):
 def keygen(path):
     """Create the key ring (O_CREAT|O_EXCL, 0600) or append through one checked O_NOFOLLOW descriptor; the kid."""
     kid = "k" + time.strftime("%Y%m%d", time.gmtime()) + "-" + secrets.token_hex(3)
-    line, cloexec = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32))), getattr(os, "O_CLOEXEC", 0)
+    line = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32)))
     try:  # a new file never exists with a wider mode
-        fd, old = os.open(path, cloexec | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
+        fd, old = os.open(path, _OPEN_FLAGS | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
     except FileExistsError:
-        fd, old = os.open(path, cloexec | os.O_RDWR | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)), ""
+        fd, old = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_APPEND), ""
     try:
         if old is None:
             prefix = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
@@ -1771,6 +1780,8 @@ _PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
 # for its next request; LINGER: seconds a closing connection's input is discarded, so the client reads the answer
 # rather than a reset
 MAX_HEAD, GRACE, LINGER = 16384, 0.05, 2.0
+# connections open at once; select(), Windows' only selector, watches at most 512 sockets there
+MAX_CONNS = 500 if selectors.DefaultSelector is selectors.SelectSelector else 1000
 _SCRIPT = """
 var g = function (id) { return document.getElementById(id); };
 g("f").onsubmit = async function (e) {
@@ -1939,7 +1950,7 @@ class Server(object):
         read_deadline=10.0,
         idle_timeout=15.0,
         queue_wait=5.0,
-        max_conns=1000,
+        max_conns=MAX_CONNS,
     ):
         self.service, self.workers, self.max_body, self.token = service, workers, max_body, token
         self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = (
