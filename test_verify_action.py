@@ -6,6 +6,7 @@
 import base64
 import decimal
 import errno
+import functools
 import gc
 import hashlib
 import hmac
@@ -1114,10 +1115,10 @@ class Http(HttpCase):
 
     def test_get_endpoints(self):
         status, headers, body = self.request("GET", "/healthcheck")
-        self.assertEqual((status, json.loads(body)), (200, {"status": "ok", "version": va.VERSION}))
+        self.assertEqual((status, json.loads(body)), (200, {"status": "ok", "version": va.VERSION, "sandbox": "off"}))
         spec = json.loads(self.request("GET", "/spec")[2])
-        self.assertEqual((spec["version"], spec["tool"]["name"], spec["receipt"]["schema"]),
-                         (va.VERSION, "verify_action", va.SCHEMA))
+        self.assertEqual((spec["version"], spec["tool"]["name"], spec["receipt"]["schema"], spec["sandbox"]),
+                         (va.VERSION, "verify_action", va.SCHEMA, "off"))
         self.assertIn("RFC 8785", spec["receipt"]["canonicalization"])
         self.assertIn("never", spec["receipt"]["fields"]["reason_codes"])
         self.assertIn("true", spec["does_not_prove"])
@@ -1136,7 +1137,7 @@ class Http(HttpCase):
 
     def test_head_options_405_404(self):
         status, headers, body = self.request("HEAD", "/healthcheck")
-        self.assertEqual((status, body, headers["content-length"]), (200, b"", "33"))
+        self.assertEqual((status, body, headers["content-length"]), (200, b"", "49"))
         status, headers, body = raw_exchange(self.port, b"HEAD /spec HTTP/1.1\r\nHost: x\r\n\r\n", method="HEAD")
         self.assertEqual((status, body), (200, b""))
         self.assertGreater(int(headers["content-length"]), 100)
@@ -1756,8 +1757,375 @@ class Stdio(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Systems without POSIX names or modes (Windows), simulated in child processes
+# The sandbox, and systems without POSIX names or modes: child processes
 # ---------------------------------------------------------------------------------------------------
+def run_child(code, *args, stdin=None):
+    """Run Python code in a child process with verify_action importable as va -> CompletedProcess (text)."""
+    prelude = "import sys\nsys.path.insert(0, %r)\nimport verify_action as va\n" % HERE
+    return subprocess.run([PY, "-c", prelude + code] + [str(a) for a in args], input=stdin, capture_output=True,
+                          text=True, timeout=60)
+
+
+@functools.lru_cache(maxsize=None)
+def auto_sandbox():
+    """What --sandbox=auto enforces on this machine."""
+    done = run_child("print(va.apply_sandbox('auto'))")
+    return done.stdout.strip()
+
+
+def landlock_abi():
+    """The Landlock ABI this machine enforces, or None."""
+    status = auto_sandbox()
+    return int(status.split()[-1]) if status.startswith("landlock ABI ") else None
+
+
+def sandbox_flag():
+    """--sandbox=on where Landlock is available (so the test proves the kernel layer), else auto."""
+    return "--sandbox=" + ("on" if landlock_abi() else "auto")
+
+
+# Every operation the sandbox must stop, tried after one layer restricts the child: "none" (the control), "hook"
+# (the audit hook alone, as on macOS and Windows) or "kernel" (Landlock alone). A connection made before waits in
+# the listener's backlog, to be accepted afterwards. Prints {operation: "ok" or [error type, errno, message]}.
+SANDBOX_PROBE = r"""
+import ctypes, json, os, socket, subprocess, threading
+outside, port, abstract, layer = sys.argv[1:5]
+listener = socket.create_server(("127.0.0.1", 0))
+client = socket.create_connection(listener.getsockname())
+pair, unbound = socket.socketpair(), [socket.socket() for _ in range(2)]
+if layer == "kernel":
+    abi, why = va.landlock()
+    assert abi is not None, why
+elif layer == "hook":
+    sys.addaudithook(va.audit_hook)
+results = {}
+
+
+def attempt(name, action):
+    try:
+        action()
+        results[name] = "ok"
+    except Exception as e:
+        results[name] = [type(e).__name__, getattr(e, "errno", None), str(e)]
+
+
+def accept():
+    conn = listener.accept()[0]
+    client.sendall(b"ping")
+    assert conn.recv(4) == b"ping"
+    conn.sendall(b"pong")
+    assert client.recv(4) == b"pong"
+    conn.close()
+
+
+def connect(family, address):
+    with socket.socket(family) as s:
+        s.connect(address)
+
+
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+attempt("accept", accept)
+attempt("socketpair", lambda: pair[0].send(b"x") and pair[1].recv(1))
+attempt("read", lambda: open(outside, "rb").read())
+attempt("os.open", lambda: os.close(os.open(outside, os.O_RDONLY)))
+attempt("list", lambda: os.listdir(os.path.dirname(outside)))
+attempt("write", lambda: open(outside, "ab").close())
+attempt("create", lambda: open(outside + ".new", "xb").close())
+attempt("exec", lambda: subprocess.run(["/bin/true"] if os.path.exists("/bin/true") else [sys.executable, "-V"],
+                                       check=True, capture_output=True))
+attempt("connect", lambda: unbound[0].connect(("127.0.0.1", int(port))))
+attempt("bind", lambda: unbound[1].bind(("127.0.0.1", 0)))
+attempt("new socket", socket.socket)
+attempt("listen on a new socket", lambda: socket.socket().listen())  # no event of its own (it binds a port)
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", int(port))))
+attempt("getaddrinfo", lambda: socket.getaddrinfo("localhost", 80))
+attempt("import", lambda: __import__("colorsys"))
+attempt("ctypes", lambda: ctypes.CDLL("kernel32" if os.name == "nt" else None))
+attempt("os.system", lambda: os.system(""))
+if os.name == "posix":
+    attempt("fork", fork)
+    attempt("signal", lambda: os.kill(os.getppid(), 0))
+if abstract:
+    attempt("abstract socket", lambda: connect(socket.AF_UNIX, "\0" + abstract))
+thread = threading.Thread(target=attempt, args=("read in a later thread", lambda: open(outside, "rb").read()))
+thread.start()
+thread.join()
+attempt("remove", lambda: os.remove(outside))
+print(json.dumps(results))
+"""
+
+
+class SandboxLayers(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.outside = os.path.join(self.dir, "secret.txt")
+        with open(self.outside, "w") as f:
+            f.write("not for the service\n")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addCleanup(self.listener.close)
+        self.abstract = ""
+        if sys.platform.startswith("linux"):
+            self.abstract = "verify-action-test-%d" % os.getpid()
+            unix = socket.socket(socket.AF_UNIX)
+            self.addCleanup(unix.close)
+            unix.bind("\0" + self.abstract)
+            unix.listen()
+
+    def probe(self, layer):
+        done = run_child(SANDBOX_PROBE, self.outside, self.listener.getsockname()[1], self.abstract, layer)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return json.loads(done.stdout)
+
+    def test_the_control_can_do_everything(self):
+        results = self.probe("none")
+        self.assertEqual(set(results.values()), {"ok"}, results)
+        self.assertGreaterEqual(len(results), 18)
+
+    def test_the_audit_hook_refuses_all_but_accepting_and_open_sockets(self):
+        results = self.probe("hook")
+        self.assertEqual((results.pop("accept"), results.pop("socketpair")), ("ok", "ok"))
+        self.assertEqual(results.pop("import"), ["ImportError", None, "verify_action.py sandbox: import 'colorsys' "
+                                                                        "refused after startup"])
+        self.assertGreaterEqual(len(results), 15)
+        for name, result in results.items():
+            with self.subTest(name):
+                self.assertEqual(result[0], "PermissionError")
+                self.assertTrue(result[2].startswith("verify_action.py sandbox: "), result)
+        self.assertIn("open %r refused" % self.outside, results["read"][2])
+        self.assertIn("socket.bind", results["bind"][2])
+        self.assertIn("socket.connect", results["connect"][2])
+        self.assertIn("socket.getaddrinfo", results["getaddrinfo"][2])
+        self.assertIn("socket.__new__", results["listen on a new socket"][2])
+        self.assertTrue(os.path.exists(self.outside))
+
+    def test_the_kernel_denies_every_file_and_new_tcp(self):
+        abi = landlock_abi()
+        if abi is None:
+            self.skipTest("no Landlock here: %s" % auto_sandbox())
+        results = self.probe("kernel")
+        self.assertEqual((results["accept"], results["socketpair"]), ("ok", "ok"))
+        denied = ["read", "os.open", "list", "write", "create", "exec", "import", "remove", "read in a later thread"]
+        denied += ["connect", "bind"] if abi >= 4 else []
+        for name in denied:
+            with self.subTest(name):
+                self.assertEqual(results[name][:2], ["PermissionError", errno.EACCES])
+        for name in ("signal", "abstract socket") if abi >= 6 else ():
+            with self.subTest(name):
+                self.assertEqual(results[name][:2], ["PermissionError", errno.EPERM])
+        self.assertTrue(os.path.exists(self.outside))
+        self.assertFalse(os.path.exists(self.outside + ".new"))
+
+    def test_tracebacks_are_formatted_after_the_restriction(self):
+        code = ("import traceback\n"  # loaded by the sandbox's warm-up: no new import
+                "print(va.apply_sandbox('auto'))\n"
+                "try:\n"
+                "    va.strict_loads(None)\n"  # AttributeError inside verify_action.py
+                "except AttributeError:\n"
+                "    print(traceback.format_exc())\n"
+                "sys.stdout.flush()\n"
+                "va.KeyRing([])\n")  # uncaught: the interpreter prints the traceback
+        done = run_child(code)
+        self.assertEqual(done.returncode, 1)
+        self.assertTrue(done.stdout.startswith(auto_sandbox() + "\n"), done.stdout)
+        self.assertIn("AttributeError: 'NoneType' object has no attribute 'decode'", done.stdout)
+        self.assertIn('    text = raw.decode("utf-8")\n', done.stdout)  # the source line
+        self.assertIn("verify_action.py\", line ", done.stderr)
+        self.assertTrue(done.stderr.rstrip().endswith("ValueError: the key ring has no keys"), done.stderr)
+        self.assertNotIn("refused", done.stderr)
+
+    def test_landlock_rights_by_abi(self):
+        self.assertEqual([va.landlock_rights(abi) for abi in range(1, 10)],
+                         [(0x1FFF, 0, 0), (0x3FFF, 0, 0), (0x7FFF, 0, 0), (0x7FFF, 3, 0), (0xFFFF, 3, 0),
+                          (0xFFFF, 3, 3), (0xFFFF, 3, 3), (0xFFFF, 3, 3), (0x1FFFF, 3, 3)])
+
+
+# Threads: record how many run when Landlock is applied, and have every thread started afterwards (the selector's
+# workers) try a raw libc open, which no audit hook sees. Lines go straight to stderr (fd 2).
+SANDBOX_THREADS = r"""
+import ctypes, os, threading
+outside = sys.argv[1]
+raw_open = ctypes.CDLL(None).open
+landlock, thread_run = va.landlock, threading.Thread.run
+
+
+def counting_landlock():
+    os.write(2, b"threads when restricting: %d\n" % threading.active_count())
+    return landlock()
+
+
+def probing_run(self):
+    os.write(2, b"raw open outside: %d\n" % raw_open(outside.encode(), 0))
+    thread_run(self)
+
+
+va.landlock, threading.Thread.run = counting_landlock, probing_run
+sys.exit(va.main(sys.argv[2:]))
+"""
+
+
+class SandboxedServing(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.keyfile, self.token = os.path.join(self.dir, "keys"), os.path.join(self.dir, "token")
+        va.keygen(self.keyfile)
+        fd = os.open(self.token, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
+        os.write(fd, b"s3cret-token-0123456789\n")
+        os.close(fd)
+
+    def test_http_keeps_serving_under_the_sandbox(self):
+        srv = ServerProcess("--key-file", self.keyfile, "--token-file", self.token, sandbox_flag())
+        self.addCleanup(srv.close)
+        self.assertIn(b"verify_action.py: sandbox: %s\n" % auto_sandbox().encode(), srv.stderr)
+        auth = dict(JSON, Authorization="Bearer s3cret-token-0123456789")
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)  # one keep-alive connection for all
+
+        def call(method, path, body=None, headers=auth):
+            c.request(method, path, body if body is None or isinstance(body, bytes) else json.dumps(body), headers)
+            r = c.getresponse()
+            return r.status, r.read()
+        status, body = call("GET", "/healthcheck", headers={})
+        self.assertEqual((status, json.loads(body)["sandbox"]), (200, auto_sandbox()))
+        self.assertEqual(json.loads(call("GET", "/spec", headers={})[1])["sandbox"], auto_sandbox())
+        self.assertIn(b"<form", call("GET", "/", headers={})[1])
+        self.assertIn(b"path_not_in_diff", call("GET", "/rules", headers={})[1])
+        request = {"claim": "Added null check for `user.email` in src/user.py", "evidence": {"diff": D_USER},
+                   "caller_context": {"job": "7"}}
+        status, body = call("POST", "/verify", request)
+        receipt = json.loads(body)["receipt"]
+        self.assertEqual((status, json.loads(body)["aar_verdict"]), (200, V))
+        self.assertEqual(va.verify_receipt(receipt, va.load_keyring(self.keyfile)), (True, "ok", receipt["kid"]))
+        self.assertEqual(json.loads(call("POST", "/receipts/verify", {"receipt": receipt})[1])["valid"], True)
+        # keys that mix U+E000-U+FFFF with astral characters take the exact encoder (UTF-16 key order)
+        odd = {"claim": "status is ok", "evidence": {"\ue000": 1, "\U0001f600": 2, "status": "ok", "n": 1.5e-7}}
+        receipt = json.loads(call("POST", "/verify", odd)[1])["receipt"]
+        self.assertEqual(receipt["evidence_manifest_hash"], ref_sha(odd["evidence"]))
+        status, body = call("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "verify_action", "arguments": request}})
+        self.assertEqual(json.loads(body)["result"]["structuredContent"]["aar_verdict"], V)
+        self.assertEqual(json.loads(call("POST", "/mcp", b"{oops")[1])["error"]["code"], -32700)
+        self.assertEqual(json.loads(call("POST", "/verify", b'{"claim": NaN}')[1])["error"], "invalid_json")
+        self.assertEqual(call("GET", "/nowhere", headers={})[0], 404)
+        self.assertEqual(json.loads(call("GET", "/stats", headers={})[1])["verifications"], 3)
+        c.close()
+
+        def client(results):  # concurrent keep-alive connections: the workers started after the restriction
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+            for _ in range(3):
+                conn.request("POST", "/verify", json.dumps(request), auth)
+                response = conn.getresponse()
+                results.append((response.status, json.loads(response.read())["aar_verdict"]))
+            conn.close()
+        results = []
+        threads = [threading.Thread(target=client, args=(results,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(results, [(200, V)] * 24)
+        self.assertIsNone(srv.proc.poll())
+        srv.close()
+        self.assertNotIn(b"refused", srv.stderr)
+        self.assertNotIn(b"Traceback", srv.stderr)
+
+    def test_stdio_keeps_serving_under_the_sandbox(self):
+        messages = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+                    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                    {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "verify_action", "arguments": {
+                        "claim": "Added null check for `user.email` in src/user.py", "evidence": {"diff": D_USER}}}},
+                    {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "verify_action",
+                                                                                   "arguments": {"claim": 1}}},
+                    {"jsonrpc": "2.0", "id": 5, "method": "ping"}]
+        lines = b"".join(json.dumps(m).encode() + b"\n" for m in messages) + b"{oops\n"
+        done = subprocess.run([PY, SCRIPT, "--stdio", "--key-file", self.keyfile, sandbox_flag()], input=lines,
+                              capture_output=True, timeout=30)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        replies = [json.loads(line) for line in done.stdout.splitlines()]
+        self.assertEqual([r.get("id") for r in replies], [1, 2, 3, 4, 5, None])
+        receipt = replies[2]["result"]["structuredContent"]["receipt"]
+        self.assertEqual(va.verify_receipt(receipt, va.load_keyring(self.keyfile))[:2], (True, "ok"))
+        self.assertTrue(replies[3]["result"]["isError"])
+        self.assertEqual(replies[5]["error"]["code"], -32700)
+        self.assertEqual(done.stderr, b"verify_action.py: sandbox: %s\n" % auto_sandbox().encode())
+
+    def test_no_thread_escapes(self):
+        if landlock_abi() is None:
+            self.skipTest("no Landlock here: %s" % auto_sandbox())
+        prelude = "import sys\nsys.path.insert(0, %r)\nimport verify_action as va\n" % HERE
+        command = [PY, "-c", prelude + SANDBOX_THREADS, self.keyfile]  # a file readable before the restriction
+        for mode, opened in (("on", [False] * 3), ("off", [True] * 3)):  # off: the control
+            with self.subTest(mode):
+                srv = ServerProcess("--sandbox=" + mode, "--workers", "3", command=command)
+                self.addCleanup(srv.close)
+                self.assertEqual(raw_exchange(srv.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")[0], 200)
+                srv.close()  # the workers have started: one answered
+                fds = re.findall(rb"raw open outside: (-?[0-9]+)", srv.stderr)
+                self.assertEqual([int(fd) >= 0 for fd in fds], opened)
+                self.assertEqual(b"threads when restricting: 1\n" in srv.stderr, mode == "on")
+        done = subprocess.run(command + ["--stdio", "--sandbox=on"], input=b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n',
+                              capture_output=True, timeout=30)
+        self.assertEqual((done.returncode, json.loads(done.stdout)["result"]), (0, {}))
+        self.assertIn(b"threads when restricting: 1\n", done.stderr)
+
+
+class SandboxFlag(unittest.TestCase):
+    def stdio(self, *args, code=None):
+        command = [PY, "-c", code] if code else [PY, SCRIPT]
+        return subprocess.run(command + ["--stdio"] + list(args), input=b"", capture_output=True, timeout=30)
+
+    def test_auto_says_what_is_enforced(self):
+        status = auto_sandbox()
+        self.assertRegex(status, r"\A(landlock ABI [0-9]+|audit hook only)\Z")
+        for unset in ((), ("--sandbox=",), ("--sandbox=${user_config.sandbox}",), ("--sandbox", "auto")):
+            with self.subTest(unset):
+                done = self.stdio(*unset)
+                self.assertEqual((done.returncode, done.stderr.decode().splitlines()[-1].split(" (")[0]),
+                                 (0, "verify_action.py: sandbox: " + status))
+
+    def test_off_and_unknown(self):
+        self.assertEqual(self.stdio("--sandbox", "off").stderr.splitlines()[-1], b"verify_action.py: sandbox: off")
+        srv = ServerProcess("--sandbox=off")
+        self.addCleanup(srv.close)
+        self.assertEqual(json.loads(raw_exchange(srv.port, b"GET /healthcheck HTTP/1.0\r\n\r\n")[2])["sandbox"], "off")
+        done = self.stdio("--sandbox=maybe")
+        self.assertEqual((done.returncode, done.stdout), (2, b""))
+        self.assertIn(b"argument --sandbox: invalid choice: 'maybe'", done.stderr)
+
+    def test_on_refuses_to_start_without_landlock_and_auto_falls_back(self):
+        code = ("import sys\nsys.path.insert(0, %r)\nimport verify_action as va\n"
+                "va.LANDLOCK_MACHINES = ()\n"  # as on a kernel without Landlock
+                "sys.exit(va.main(sys.argv[1:]))\n" % HERE)
+        done = self.stdio("--sandbox=on", code=code)
+        self.assertEqual((done.returncode, done.stdout), (2, b""))
+        self.assertIn(b"verify_action.py: error: --sandbox=on needs Landlock (no Landlock on ", done.stderr)
+        done = self.stdio("--sandbox=auto", code=code)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(b"verify_action.py: sandbox: audit hook only (no Landlock on ", done.stderr)
+        if landlock_abi():
+            done = self.stdio("--sandbox=on")
+            self.assertTrue(done.stderr.endswith(b"\nverify_action.py: sandbox: landlock ABI %d\n" % landlock_abi()))
+
+    def test_other_systems_get_the_audit_hook_without_touching_linux_names(self):
+        code = ("sys.platform = 'win32'\n"
+                "for name in ('uname', 'O_CLOEXEC', 'O_NOFOLLOW'):\n"
+                "    if hasattr(va.os, name):\n"
+                "        delattr(va.os, name)\n"
+                "print(va.apply_sandbox('auto'))\n"
+                "open(sys.argv[1], 'rb')\n")
+        done = run_child(code, SCRIPT)
+        self.assertEqual(done.stdout, "audit hook only\n")
+        self.assertIn("verify_action.py: sandbox: audit hook only (no Landlock on win32)", done.stderr)
+        self.assertIn("PermissionError: verify_action.py sandbox: open ", done.stderr)
+
+
 # A Python without POSIX-only names, as on Windows: deleted from os before verify_action is imported, with the
 # selector Windows has (select); POSIX_MODES set to the argument (Windows: False, file modes are not enforced).
 NO_POSIX_NAMES = r"""
@@ -1985,8 +2353,42 @@ def adversarial_table():
           % (len(heavy), min(r[4] / r[2] for r in heavy), max(r[4] / r[2] for r in heavy)))
 
 
+def connections_per_second(port, seconds, body):
+    """POST /verify on a new connection each time (Connection: close), one client: requests/s. Each is an accept,
+    which the audit hook examines."""
+    done, stop = 0, time.monotonic() + seconds
+    while time.monotonic() < stop:
+        status = raw_exchange(port, post_bytes(body, extra=b"Connection: close\r\n"))[0]
+        done += status == 200
+    return done / seconds
+
+
+def bench_sandbox(seconds=3.0, rounds=3):
+    """Throughput with the sandbox on (--sandbox=auto) and off, servers started in turn (off, auto, off, auto...),
+    so that the ratio of the best runs shows the sandbox's cost rather than the machine's drift."""
+    body, best = bench_body(), {}
+    for _ in range(rounds):
+        for mode in ("off", "auto"):
+            srv = ServerProcess("--sandbox=" + mode)
+            try:
+                load(srv.port, 4, 0.5, body)  # warm-up
+                runs = (load(srv.port, 1, seconds, body)[0], load(srv.port, 16, seconds, body)[0],
+                        connections_per_second(srv.port, seconds, body))
+            finally:
+                srv.close()
+            best[mode] = [max(old, new) for old, new in zip(best.get(mode, [0] * 3), runs)]
+            status = srv.stderr.split(b"sandbox: ")[1].split(b"\n")[0].decode()
+    print("\nthe sandbox's cost: POST /verify, best of %d alternating %g s runs per server; load average %.2f at the "
+          "end" % (rounds, seconds, getattr(os, "getloadavg", lambda: [float("nan")])()[0]))
+    print("%-34s %10s %10s %14s" % ("server", "req/s c=1", "req/s c=16", "new conn/s c=1"))
+    for label, mode in (("--sandbox=off", "off"), ("--sandbox=auto (%s)" % status, "auto")):
+        print("%-34s %10.0f %10.0f %14.0f" % tuple([label] + best[mode]))
+    print("%-34s %10.2f %10.2f %14.2f" % tuple(["ratio auto/off"] + [a / b for a, b in zip(best["auto"], best["off"])]))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bench"]:
         bench()
+        bench_sandbox()
     else:
         unittest.main()

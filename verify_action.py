@@ -1565,11 +1565,13 @@ def rules_document():
     }
 
 
-def spec_document():
-    """GET /spec: tool schema, kinds, verdicts, receipt fields, the canonical form, limits, endpoints."""
+def spec_document(sandbox):
+    """GET /spec: tool schema, kinds, verdicts, receipt fields, the canonical form, limits, endpoints, and what the
+    sandbox enforces."""
     return {
         "name": "verify_action.py",
         "version": VERSION,
+        "sandbox": sandbox,
         "proves": PROVES,
         "does_not_prove": NOT_PROVES,
         "tool": TOOL,
@@ -1604,6 +1606,8 @@ _json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":
 
 class Service(object):
     """What HTTP and stdio share: the key ring, the issuer, the counters and every handler."""
+
+    sandbox = "off"  # what apply_sandbox enforces (GET /healthcheck and /spec say it)
 
     def __init__(self, keyring, issuer="verify_action.py", clock=time.time):
         self.keyring, self.issuer, self.clock, self.started = keyring, issuer, clock, clock()
@@ -1971,16 +1975,16 @@ class Server(object):
         # _ready: (conn, request, queued at) for the workers, under _cv; _returned: connections handed back
         self._ready, self._returned, self._cv = collections.deque(), collections.deque(), threading.Condition()
         self._open, self._stop = 0, False
-        self._docs = {
-            "/": render_page().encode("utf-8"),
-            "/spec": _json_text(spec_document()).encode("utf-8"),
-            "/rules": _json_text(rules_document()).encode("utf-8"),
-        }
 
     # ---- the selector thread ---------------------------------------------------------------------------------
 
     def serve_forever(self):
         # Serve until shutdown(): this thread becomes the selector thread.
+        self._docs = {  # made now, so that /spec says what the sandbox enforces
+            "/": render_page().encode("utf-8"),
+            "/spec": _json_text(spec_document(self.service.sandbox)).encode("utf-8"),
+            "/rules": _json_text(rules_document()).encode("utf-8"),
+        }
         for i in range(self.workers):
             threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
         self._wake_r.setblocking(False)
@@ -2163,7 +2167,8 @@ class Server(object):
             ]
         if method != "POST":  # /spec and /rules are made once; /healthcheck and /stats now
             doc = self._docs.get(path) or _json_text(
-                {"status": "ok", "version": VERSION} if path == "/healthcheck" else self.service.stats()
+                {"status": "ok", "version": VERSION, "sandbox": self.service.sandbox} if path == "/healthcheck"
+                else self.service.stats()
             ).encode("utf-8")
             return 200, doc, "application/json", []
         status, obj = self.service.post(path, body, headers)
@@ -2252,6 +2257,96 @@ class Server(object):
 
 
 # ============================================================================================================
+# §8b Sandbox: applied once, after the port is bound and the key ring and token are read, before any thread starts
+# ============================================================================================================
+
+SANDBOX_MODES = ("auto", "on", "off")
+# Machines whose Linux syscall table numbers Landlock 444 (create_ruleset), 445 (add_rule), 446 (restrict_self).
+LANDLOCK_MACHINES = ("x86_64", "i386", "i486", "i586", "i686", "aarch64", "armv7l", "armv8l", "riscv64", "ppc64le",
+                     "s390x", "loongarch64")
+# Audit events (prefixes) refused once the sandbox is on: files opened by name or listed, imports, processes,
+# signals, sockets (but those accept() makes), native code, changes on disk.
+REFUSED_EVENTS = ("open", "os.listdir", "os.scandir", "import", "subprocess.", "_posixsubprocess.", "_winapi.",
+                  "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.startfile", "os.kill",
+                  "signal.pthread_kill", "pty.", "socket.", "ctypes.", "mmap.", "winreg.", "os.ch", "os.link",
+                  "os.mkdir", "os.putenv", "os.unsetenv", "os.remove", "os.rename", "os.rmdir", "os.setxattr",
+                  "os.symlink", "os.truncate", "os.utime")
+# socket.accept makes its socket object through socket.__new__ as socket() does: only its code is let through
+_ACCEPT = socket.socket.accept.__code__
+
+
+def landlock_rights(abi):
+    """Every right Landlock ABI abi knows -> (filesystem, network, scope) masks to handle; no rule grants any:
+    filesystem 13 rights from ABI 1, REFER 2, TRUNCATE 3, IOCTL_DEV 5, RESOLVE_UNIX 9; network TCP bind and
+    connect from 4; scope abstract Unix sockets and signals from 6."""
+    filesystem = 13 + (abi >= 2) + (abi >= 3) + (abi >= 5) + (abi >= 9)
+    return (1 << filesystem) - 1, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0
+
+
+def landlock():
+    """Deny this thread, and the threads and processes it starts later, every filesystem access, TCP bind and
+    connect, abstract Unix sockets and signals outside -> (Landlock ABI, None), or (None, why not) where the
+    kernel offers no Landlock (best effort: nothing is restricted then). Open descriptors keep working: the bound
+    socket keeps accepting, stdio keeps flowing."""
+    machine = os.uname().machine if sys.platform.startswith("linux") else sys.platform
+    if machine not in LANDLOCK_MACHINES:
+        return None, "no Landlock on %s" % machine
+    import ctypes  # looked up only here, before the audit hook refuses ctypes
+    libc, c_long, c_u32 = ctypes.CDLL(None, use_errno=True), ctypes.c_long, ctypes.c_uint32
+
+    def call(function, *args):  # variadic C functions: every argument typed, structs as bytes
+        result = function(*args)
+        if result < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        return result
+    try:
+        abi = call(libc.syscall, c_long(444), None, ctypes.c_size_t(0), c_u32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+        handled = b"".join(mask.to_bytes(8, sys.byteorder) for mask in landlock_rights(abi))
+        ruleset = call(libc.syscall, c_long(444), handled, ctypes.c_size_t(24), c_u32(0))  # older kernels: zero tail
+        try:
+            call(libc.prctl, ctypes.c_int(38), c_long(1), c_long(0), c_long(0), c_long(0))  # PR_SET_NO_NEW_PRIVS
+            call(libc.syscall, c_long(446), ctypes.c_int(ruleset), c_u32(0))  # restrict_self, with no rule added
+        finally:
+            os.close(ruleset)
+    except OSError as e:
+        return None, "Landlock unavailable: %s" % (e.strerror or e)
+    return abi, None
+
+
+def audit_hook(event, args):
+    """An audit hook (for sys.addaudithook) that refuses, on every OS, opening or listing files by name, new imports,
+    processes, signals, sockets other than those accept() makes, ctypes and changes on disk. It stops Python code,
+    not native code: Landlock is the kernel's boundary where it exists."""
+    accepted = event == "socket.__new__" and sys._getframe(2).f_code is _ACCEPT  # hook, socket.__init__, accept
+    if event.startswith(REFUSED_EVENTS) and not accepted and not (event == "open" and isinstance(args[0], int)):
+        what = "%s %.200r" % (event, args[0]) if args else event  # an open descriptor (stdio) was let through above
+        raise (ImportError if event == "import" else PermissionError)(
+            "verify_action.py sandbox: %s refused after startup" % what)
+
+
+def apply_sandbox(mode):
+    """Apply --sandbox mode (auto, on or off) -> what is enforced, also said on stderr: "landlock ABI N", "audit hook
+    only" or "off". Call it once, after the port is bound and the key ring and token are read, before any thread
+    starts (Landlock binds only the calling thread and those it starts later). ValueError when on finds no Landlock."""
+    status, reason = "off", None
+    if mode != "off":
+        for codec in ("utf-8-sig", "utf-16", "utf-16-be", "utf-16-le", "utf-32", "utf-32-be", "utf-32-le"):
+            "".encode(codec)  # every codec json.detect_encoding names (UTF-16 also orders canonical keys)
+        import traceback  # 3.13 formats tracebacks in Python, reading sources lazily: load that code now,
+        try:  # with this file's lines cached
+            raise RuntimeError("warm-up")
+        except RuntimeError:
+            traceback.format_exc()
+        abi, reason = landlock()
+        if abi is None and mode == "on":
+            raise ValueError("--sandbox=on needs Landlock (%s); use --sandbox=auto for the audit hook alone" % reason)
+        sys.addaudithook(audit_hook)
+        status = "audit hook only" if abi is None else "landlock ABI %d" % abi
+    sys.stderr.write("verify_action.py: sandbox: %s%s\n" % (status, " (%s)" % reason if reason else ""))
+    return status
+
+
+# ============================================================================================================
 # §9 Command line
 # ============================================================================================================
 
@@ -2300,6 +2395,9 @@ FLAGS = (  # the service's command-line flags: (flag, argparse keywords)
     ("--issuer", dict(default="verify_action.py", help="issued_by in receipts")),
     ("--allow-origin", dict(action="append", default=[], type=_origin, metavar="ORIGIN")),
     ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP")),
+    ("--sandbox", dict(default="auto", choices=SANDBOX_MODES, type=lambda v: "auto" if not v or v[:2] == "${" else v,
+                       help="after startup: no files, no new sockets, no processes (default auto; on: Landlock or "
+                       "refuse to start; empty or ${...}: auto)")),
 )
 
 
@@ -2335,14 +2433,19 @@ def main(argv=None):
             "cannot be verified after a restart (see keygen)\n" % ring.kid
         )
     service = Service(ring, args.issuer)
+    try:
+        server = None if args.stdio else Server(
+            service, args.host, args.port, args.workers, args.max_body, token, args.allow_origin)
+    except OSError as e:
+        return _fail("cannot listen on %s:%d: %s" % (args.host, args.port, e.strerror or e))
+    try:  # the port is bound and the files read; no thread has started
+        service.sandbox = apply_sandbox(args.sandbox)
+    except ValueError as e:
+        return _fail(e)
     if args.stdio:
         out, sys.stdout = sys.stdout.buffer, sys.stderr  # a stray print must never corrupt the protocol stream
         serve_stdio(service, sys.stdin.buffer, out)
         return 0
-    try:
-        server = Server(service, args.host, args.port, args.workers, args.max_body, token, args.allow_origin)
-    except OSError as e:
-        return _fail("cannot listen on %s:%d: %s" % (args.host, args.port, e.strerror or e))
     if not _is_loopback(args.host) and token is None:
         sys.stderr.write(
             "verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
