@@ -1923,7 +1923,7 @@ class SandboxLayers(unittest.TestCase):
         self.assertFalse(os.path.exists(self.outside + ".new"))
 
     def test_tracebacks_are_formatted_after_the_restriction(self):
-        code = ("import traceback\n"  # loaded by the sandbox's warm-up: no new import
+        code = ("import traceback\n"
                 "print(va.apply_sandbox('auto'))\n"
                 "try:\n"
                 "    va.strict_loads(None)\n"  # AttributeError inside verify_action.py
@@ -1935,7 +1935,8 @@ class SandboxLayers(unittest.TestCase):
         self.assertEqual(done.returncode, 1)
         self.assertTrue(done.stdout.startswith(auto_sandbox() + "\n"), done.stdout)
         self.assertIn("AttributeError: 'NoneType' object has no attribute 'decode'", done.stdout)
-        self.assertIn('    text = raw.decode("utf-8")\n', done.stdout)  # the source line
+        if sys.version_info >= (3, 13):  # the warm-up cached this file's lines where Python code prints tracebacks
+            self.assertIn('    text = raw.decode("utf-8")\n', done.stdout)
         self.assertIn("verify_action.py\", line ", done.stderr)
         self.assertTrue(done.stderr.rstrip().endswith("ValueError: the key ring has no keys"), done.stderr)
         self.assertNotIn("refused", done.stderr)

@@ -2332,11 +2332,12 @@ def apply_sandbox(mode):
     if mode != "off":
         for codec in ("utf-8-sig", "utf-16", "utf-16-be", "utf-16-le", "utf-32", "utf-32-be", "utf-32-le"):
             "".encode(codec)  # every codec json.detect_encoding names (UTF-16 also orders canonical keys)
-        import traceback  # 3.13 formats tracebacks in Python, reading sources lazily: load that code now,
-        try:  # with this file's lines cached
-            raise RuntimeError("warm-up")
-        except RuntimeError:
-            traceback.format_exc()
+        if sys.version_info >= (3, 13):  # 3.13 prints tracebacks with Python code that reads sources lazily: load
+            import traceback  # that code now, with this file's lines cached (earlier versions print them in C,
+            try:  # which needs nothing more)
+                raise RuntimeError("warm-up")
+            except RuntimeError:
+                traceback.format_exc()
         abi, reason = landlock()
         if abi is None and mode == "on":
             raise ValueError("--sandbox=on needs Landlock (%s); use --sandbox=auto for the audit hook alone" % reason)
