@@ -81,6 +81,11 @@ def ref_sha(obj):
     return "sha256:" + hashlib.sha256(ref_jcs(obj).encode("utf-8")).hexdigest()
 
 
+def canonical_json(value):
+    """The module's RFC 8785 text of a parsed value, as UTF-8 (from canonical_members, which the receipts use)."""
+    return va.canonical_members(value, along=())[None].encode("utf-8")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Fixtures: diffs, a service, helpers
 # ---------------------------------------------------------------------------------------------------
@@ -173,6 +178,8 @@ def adversarial_bodies():
                     + "".join("+    value_%d = compute_something(argument_%d, other_%d)\n" % (j, j, i) for j in range(5))
                     for i in range(1200))  # about 800 KB
     paths = " ".join("src/m%d.py" % i for i in range(600))[:8000]
+    mixed, nest = '{"\ue000":1,"\U0001f600":2},', "[" * 28 + "]" * 28 + ","  # an object of keys that need UTF-16 order
+    deep_mix = '{"k": ' * 29 + mixed[:-1] + "}" * 29
     entities = " ".join("https://h%d.example/x" % i for i in range(300))[:8000]
     cases += [
         ("code_diff: 1,200 files x 10 lines", "/verify", json.dumps({"claim": "Added `value_3` in src/m7.py",
@@ -214,9 +221,27 @@ def adversarial_bodies():
         ("runs of 16 digits below 2^53", "/verify", verify("x", '{"a": [', "1234567890123456,", "1]}")),
         ("U+E000 and astral in a value", "/verify", verify("x", '{"s": "\ue000\U0001f600", "a": [', '{"a":[{"b":[1]}]},',
                                                            "1]}")),
-        # keys that mix them need UTF-16 order: the exact pure-Python encoder, slower than the target (see README)
+        # keys that mix them need UTF-16 order, which json.dumps's code point order is not: the objects holding them
+        # have their keys marked in place or, where they are many, the marked text is parsed again
         ("U+E000 and astral in keys", "/verify", verify("x", '{"\ue000": 1, "\U0001f600": 2, "a": [',
                                                         '{"a":[{"b":[1]}]},', "1]}")),
+        ("such keys at depth 31", "/verify", verify("x", '{"d": %s, "a": [' % deep_mix, '{"a":[{"b":[1]}]},', "1]}")),
+        ("50k small objects of such keys", "/verify", verify("x", '{"a": [', '{"\ue000":1,"\U0001f600":2},', "1]}")),
+        ("30k such objects, all escaped", "/verify", verify("x", '{"a": [', '{"\\ue000":1,"\\ud83d\\ude00":2},', "1]}")),
+        ("one object of 50k such keys", "/verify", json.dumps({"claim": "x", "evidence": {
+            ("\ue000%d" if i % 2 else "\U0001f600%d") % i: i for i in range(54000)}}, ensure_ascii=False).encode()),
+        ("70k two-key objects, such chars in the claim", "/verify", verify("\ue000\U0001f600", '{"a": [',
+                                                                            '{"a":0,"b":0},', "1]}")),
+        ("depth-29 nests and 20k objects of such keys", "/verify", verify("x", '{"a": [' + mixed * 20000, nest, "1]}")),
+        ("depth-29 nests and 40k objects of such keys", "/verify", verify("x", '{"a": [' + mixed * 40000, nest, "1]}")),
+        # members beside the one canonicalised on its own are written together, however many
+        ("70k top-level members", "/verify", json.dumps(dict({"claim": "x", "evidence": {}},
+                                                             **{"k%d" % i: 1 for i in range(70000)})).encode()),
+        ("70k members beside the receipt", "/receipts/verify", json.dumps(dict(
+            {"receipt": {}}, **{"k%d" % i: 1 for i in range(70000)})).encode()),
+        ("mcp: 60k members beside the evidence", "/mcp", json.dumps({
+            "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "verify_action", "arguments": dict(
+                {"claim": "x", "evidence": {}}, **{"k%d" % i: [1] for i in range(60000)})}}).encode()),
     ]
     return cases
 
@@ -255,13 +280,13 @@ class CanonicalJson(unittest.TestCase):
     def test_rfc8785_numbers(self):
         for bits, want in self.VECTORS.items():
             f = struct.unpack(">d", bytes.fromhex(bits))[0]
-            self.assertEqual(va.canonical_json(f).decode(), want, bits)
+            self.assertEqual(canonical_json(f).decode(), want, bits)
             self.assertEqual(ref_number(f), want, bits)
 
     def test_key_order_is_utf16_and_strings_minimal(self):
         obj = {"\u20ac": "Euro", "\r": "CR", "\ufb33": "Hebrew", "1": "One", "\U0001f600": "Emoji", "\u0080": "Ctl",
                "\u00f6": "o", "s": "a\"\\\b\f\n\r\t\x01\x1f\x7f\u2028/"}
-        got = va.canonical_json(obj).decode("utf-8")
+        got = canonical_json(obj).decode("utf-8")
         self.assertEqual([k for k in json.loads(got)], ["\r", "1", "s", "\u0080", "\u00f6", "\u20ac",
                                                         "\U0001f600", "\ufb33"])
         self.assertIn('"a\\"\\\\\\b\\f\\n\\r\\t\\u0001\\u001f\x7f\u2028/"', got)
@@ -269,10 +294,10 @@ class CanonicalJson(unittest.TestCase):
 
     def test_nested_and_literals(self):
         obj = {"b": [1, 2.5, None, True, False, {"z": 1, "a": -0.0}], "a": 1e-7, "c": 10 ** 21, "d": 2 ** 60}
-        self.assertEqual(va.canonical_json(obj), b'{"a":1e-7,"b":[1,2.5,null,true,false,{"a":0,"z":1}],'
+        self.assertEqual(canonical_json(obj), b'{"a":1e-7,"b":[1,2.5,null,true,false,{"a":0,"z":1}],'
                                                  b'"c":1e+21,"d":1152921504606847000}')
-        self.assertEqual(va.canonical_json(obj).decode(), ref_jcs(obj))
-        self.assertRaises(ValueError, va.canonical_json, float("nan"))
+        self.assertEqual(canonical_json(obj).decode(), ref_jcs(obj))
+        self.assertRaises(ValueError, canonical_json, float("nan"))
 
 
     def test_large_values_are_exact_on_the_fast_path(self):
@@ -280,8 +305,8 @@ class CanonicalJson(unittest.TestCase):
         big = {"k%d" % i: [i, "s\u00e9\U0001f600\u2028", None, True, {"b": "x", "a": -i}] for i in range(300)}
         for v in (big, dict(big, f=5.0, h=1e-7), dict(big, g=2 ** 60), dict(big, n=2 ** 53 - 1), dict(big, e=1e21),
                   dict(big, **{"\ue000": 1, "\U0001f600": 2}), dict(big, s="1.5e300 9999999999999999")):
-            self.assertGreater(len(va.canonical_json(v)), 4096)
-            self.assertEqual(va.canonical_json(v).decode("utf-8"), ref_jcs(v))
+            self.assertGreater(len(canonical_json(v)), 4096)
+            self.assertEqual(canonical_json(v).decode("utf-8"), ref_jcs(v))
         req = {"claim": "x", "evidence": big, "caller_context": {"a": 1.5}, "kind": "generic"}
         rec = SERVICE.verify(va.validate_request(req))["receipt"]
         self.assertEqual((rec["evidence_manifest_hash"], rec["request_hash"]), (ref_sha(big), ref_sha(req)))
@@ -301,9 +326,9 @@ class Issue11Speed(unittest.TestCase):
         strings = ['1.0', 'e-05 1e+16 -0.0', 'a"b', 'c\\d', '\\"', '\\', '"', "1.5e-05,", "[12.0]"]
         doc = {"n": values, "s": strings * 20, "m": [{"k%d" % i: v, "t": strings[i % len(strings)]}
                                                      for i, v in enumerate(values[:500])]}
-        self.assertEqual(va.canonical_json(doc).decode("utf-8"), ref_jcs(doc))
+        self.assertEqual(canonical_json(doc).decode("utf-8"), ref_jcs(doc))
         for v in values[:40]:  # single numbers take the same layout
-            self.assertEqual(va.canonical_json(v).decode(), ref_number(v), v)
+            self.assertEqual(canonical_json(v).decode(), ref_number(v), v)
 
     def test_key_order_is_utf16_only_where_keys_mix(self):
         # json.dumps sorts keys by code point; UTF-16 order differs only where keys mix U+E000-U+FFFF with astral
@@ -311,7 +336,7 @@ class Issue11Speed(unittest.TestCase):
         pad = ["x" * 50] * 100
         for doc in ({"\ue000": 1, "\U0001f600": 2, "pad": pad}, {"s": "\ue000\U0001f600", "\ue001": 1, "pad": pad},
                     {"a": {"\U0001f600\\\"": 1, "\uff01": 2}, "pad": pad}, {"k\":": "\U0001f600", "\ue000": 1, "pad": pad}):
-            self.assertEqual(va.canonical_json(doc).decode("utf-8"), ref_jcs(doc))
+            self.assertEqual(canonical_json(doc).decode("utf-8"), ref_jcs(doc))
 
     def test_a_request_is_canonicalised_once_and_hashed_alike(self):
         body = json.dumps({"claim": "status is ok", "evidence": {"a": [1.5, 2.0, {"status": "ok"}] * 2000},
@@ -353,7 +378,8 @@ class Issue11Speed(unittest.TestCase):
         self.assertGreaterEqual(len(bodies), 20)
         for label, path, body in bodies:
             self.assertLessEqual(len(body), va.MAX_BODY, label)
-            self.assertIn(answer(path, body), (V, C, I, U, "invalid_json"), label)
+            self.assertIn(answer(path, body), (V, C, I, U, "invalid_json", "unknown_field", "invalid_request", "isError"),
+                          label)
 
     def test_api_call_reads_only_the_targets_the_claim_names(self):
         request = " ".join("http://h%d.example/p" % i for i in range(2000)) + " bob@example.com"
@@ -362,6 +388,94 @@ class Issue11Speed(unittest.TestCase):
         self.assertEqual(judge("Sent it to eve@example.com", ev)[1][-1], "target_mismatch")
         self.assertEqual(judge("Posted to http://h7.example/p", ev)[1][-1], "target_matches")
         self.assertEqual(judge("Posted to http://h7.example/q", ev)[1][-1], "target_mismatch")
+
+
+MIXED_KEY_CHARS = ["a", "b", "\u00e9", "\u20ac", "\ud7ff", "\ue000", "\ue001", "\uf8ff", "\uff01", "\uffff",
+                   "\U00010000", "\U0001f600", "\U0001f601", "\U0010ffff"]
+
+
+def mixed_keys_doc(rng, depth=0):
+    """A random JSON value whose keys mix ASCII, BMP (private use up to U+FFFF) and astral characters, nested."""
+    key = lambda: "".join(rng.choice(MIXED_KEY_CHARS) for _ in range(rng.randint(0, 3)))
+    roll = rng.random()
+    if depth > 4 or roll < 0.25:
+        return rng.choice([1, -2.5, None, True, "v" + key()])
+    if roll < 0.45:
+        return [mixed_keys_doc(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {key(): mixed_keys_doc(rng, depth + 1) for _ in range(rng.randint(0, 7))}
+
+
+class Utf16KeyOrder(unittest.TestCase):
+    """RFC 8785 sorts keys by UTF-16 code unit, json.dumps by code point: they differ where keys mix U+E000-U+FFFF
+    with astral characters. Marked keys (in place, or in a text parsed again) give the exact order, in C."""
+
+    def strict(self, obj, ascii_part=None):
+        # strict_parse of a request holding obj as written by json.dumps, and ascii_part with every non-ASCII escaped
+        text = json.dumps({"claim": "x", "evidence": {"lit": obj, "esc": "@"}}, ensure_ascii=False)
+        raw = text.replace('"@"', json.dumps(ascii_part)).encode("utf-8")
+        value, members = va.strict_parse(raw)
+        want = json.loads(raw)
+        self.assertEqual(json.dumps(value), json.dumps(want))  # the parsed value, its keys in their order, is kept
+        self.assertEqual((members["evidence"], members[None]), (ref_jcs(want["evidence"]), ref_jcs(want)))
+        return members
+
+    def test_random_documents_against_the_reference(self):
+        rng = __import__("random").Random(8785)
+        few, many = [[[[]]]] * 100, [{"\ue000": 1, "\U0001f600": [2]}, {"\U0001f600": 1, "\ue000": 2}] * 60
+        for _ in range(200):
+            doc, other = mixed_keys_doc(rng), mixed_keys_doc(rng)
+            self.assertEqual(canonical_json(doc).decode("utf-8"), ref_jcs(doc))  # from a value: parsed again
+            self.strict(doc, other)
+            self.strict([doc, few], [other, few])  # few objects among many containers: marked in place
+            self.strict([doc, many], [other, many])  # objects to mark are many: the text is marked and parsed again
+
+    def test_both_ways_are_taken_and_the_pure_python_encoder_is_not(self):
+        calls = {"in place": [], "parsed again": 0, "pure python": 0}
+        real = va._in_utf16_order, va._marked_text, va._jcs
+
+        def jcs(v):
+            calls["pure python"] += 1
+            return real[2](v)
+
+        def marked_text(text):
+            calls["parsed again"] += 1
+            return real[1](text)
+        va._in_utf16_order = lambda found, make: calls["in place"].append(len(found)) or real[0](found, make)
+        va._marked_text, va._jcs = marked_text, jcs
+        try:
+            bodies = {label: (path, body) for label, path, body in adversarial_bodies()}
+            for label in ("U+E000 and astral in keys", "50k small objects of such keys"):
+                self.assertEqual(answer(*bodies[label]), I)
+        finally:
+            va._in_utf16_order, va._marked_text, va._jcs = real
+        self.assertEqual(calls["in place"][0], 2)  # the request object and the evidence
+        self.assertEqual(calls["parsed again"], 1)  # 50,000 objects: their text once more, not an object at a time
+        self.assertLess(calls["pure python"], 200)  # the receipt's few fields; before: every value of the 1 MiB
+
+    def test_members_beside_the_evidence_are_written_together(self):
+        calls, real = [], va._canonical_text
+        va._canonical_text = lambda *args: calls.append(1) or real(*args)
+        try:
+            body = json.dumps(dict({"claim": "x", "evidence": {"a": 1}}, **{"k%d" % i: i for i in range(5000)}))
+            self.assertEqual(parse_judge_sign(body.encode()), "unknown_field")
+        finally:
+            va._canonical_text = real
+        self.assertLessEqual(len(calls), 4)  # before: one json.dumps a member, 5,002
+
+    def test_lone_surrogates_and_duplicates_are_still_refused(self):
+        many = ',"m":[' + ",".join(['{"\\ue000":1,"\\ud83d\\ude00":2}'] * 50) + "]"
+        for lone in ('"\\ud800"', '"\\udbff\U0001f600"', '"\U0001f600\\udfff"', '"\\udbff\\udbff\\udfff"'):
+            for tail in ("", many):
+                body = '{"claim": "x", "evidence": {"\ue000": 1, "\U0001f600": %s%s}}' % (lone, tail)
+                self.assertEqual(parse_judge_sign(body.encode()), "invalid_json", (lone, tail))
+        for body, want in (('{"a\\u003a": 1, "a:": 2}', "duplicate"), ('{"\\u003A": 1, "x": {"y": 1, "y": 2}}', "duplicate"),
+                           ('{"\\\\u003a": 1, "\\u003a": 2}', None), ('{"\ue000": 1, "\U0001f600": 2, "\ue000": 3}', "duplicate")):
+            try:
+                va.strict_loads(body.encode())
+                got = None
+            except va.RequestError as e:
+                got = e.message.split(" ")[0]
+            self.assertEqual(got, want, body)
 
 
 class Decision(unittest.TestCase):

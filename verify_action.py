@@ -138,11 +138,23 @@ _encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and contro
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text; unrolled: the parts never overlap
 # An integer that may reach 2^53 (ECMAScript writes it as a double: 2^60 is 1152921504606847000); from a run's start.
 _BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
-_BMP_HIGH, _ASTRAL = re.compile("[\ue000-\uffff]"), re.compile("[\U00010000-\U0010ffff]")
-# in JSON text with its escapes masked and each key's closing quote marked by \x01: a key holding a character of the
-# class. Only real quotes are left, so each string is read once from its opening quote: linear.
-_BMP_HIGH_KEY, _ASTRAL_KEY = (
-    re.compile('"[^"%s]*[%s][^"]*\x01"' % (c, c)) for c in ("\ue000-\uffff", "\U00010000-\U0010ffff")
+# json.dumps sorts keys by code point, RFC 8785 by UTF-16 code unit. The orders differ only between a character of
+# U+E000-U+FFFF and an astral one (above U+FFFF as a code point, a surrogate D800-DFFF as code units); these find
+# both in UTF-8 JSON text, escaped (\uE000; a high surrogate) or by an astral character's lead byte.
+_HIGH_ESCAPE, _ASTRAL_ESCAPE, _ASTRAL_LEAD = (
+    re.compile(rb"\\u[eEfF]"),
+    re.compile(rb"\\u[dD][89abAB]"),
+    re.compile(rb"[\xf0-\xf4]"),
+)
+# _MARK around each astral character makes code point order UTF-16 order: its first code point, U+DBFF, sorts against
+# any other character as an astral character's high surrogate does, and after it astral characters sort as in
+# UTF-16. json.loads never gives a surrogate pair as two code points (it joins escaped pairs), so marks leave
+# json.dumps's text by one replace (a lone surrogate stays, to be refused), and _SEPARATOR is never in parsed text.
+_MARK, _SEPARATOR = "\udbff\udfff", "\ud800\udc00"
+# an astral character; in JSON text with escaped backslashes set aside, also one escaped as a surrogate pair
+_ASTRAL_CHAR, _ASTRAL_JSON = (
+    re.compile("([\U00010000-\U0010ffff])"),
+    re.compile(r"([\U00010000-\U0010ffff]|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"),
 )
 # a float whose repr and ECMAScript forms differ: integral (12.0, not a version's 1.0.0) or with an exponent
 _FLOAT_FORMS = re.compile(r"[0-9]\.0(?![0-9eE.])|[0-9]e[-+]")
@@ -178,8 +190,8 @@ def _jcs(v):
         return "[" + ",".join(_jcs(i) for i in v) + "]"
     if not isinstance(v, dict):
         raise TypeError("not a JSON value: %s" % type(v).__name__)
-    return "{" + ",".join(  # keys in UTF-16 code unit order
-        _encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-16-be"))
+    return "{" + ",".join(  # keys in UTF-16 code unit order (marked ones too: see _MARK)
+        _encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
     ) + "}"
 
 
@@ -223,44 +235,66 @@ def _es_floats(text):
     return '"'.join(parts).replace("\x02", '\\"').replace("\x01", "\\\\")
 
 
-def _canonical_text(value, exact_ints=False):
+def _may_mix(data):
+    # Whether UTF-8 JSON text holds a character of U+E000-U+FFFF and an astral one, as they are or escaped: only then
+    # may an object need UTF-16 key order. A few scans in C; an escaped backslash before 'u' only costs a closer look.
+    escaped = b"\\u" in data
+    high = b"\xee" in data or b"\xef" in data or escaped and _HIGH_ESCAPE.search(data)
+    return bool(high and (_ASTRAL_LEAD.search(data) or escaped and _ASTRAL_ESCAPE.search(data)))
+
+
+def _marked_text(text):
+    # JSON text with _MARK around each astral character, escaped ones included: parsed, then written by json.dumps,
+    # its objects come out in UTF-16 key order (the marks then removed).
+    masked = text.replace("\\\\", _SEPARATOR)
+    return _MARK.join(_ASTRAL_JSON.split(masked)).replace(_SEPARATOR, "\\\\")
+
+
+def _in_utf16_order(found, make):
+    # make() while the keys of the objects in found are marked in place (_MARK), so that json.dumps sorts them in
+    # UTF-16 order; then each object's members are restored, in order. Calls in C for each object (map), one split
+    # for all their keys: 50,000 objects cost about 30 ms.
+    saved, counts = list(map(dict.copy, found)), list(map(len, found))
+    keys = _MARK.join(_ASTRAL_CHAR.split(_SEPARATOR.join(itertools.chain.from_iterable(found)))).split(_SEPARATOR)
+    pairs = zip(keys, itertools.chain.from_iterable(map(dict.values, saved)))
+    try:
+        list(map(dict.clear, found))
+        list(map(dict.update, found, map(itertools.islice, itertools.repeat(pairs), counts)))
+        return make()
+    finally:
+        list(map(dict.clear, found))
+        list(map(dict.update, found, saved))
+
+
+def _canonical_text(value, exact_ints=False, marked=None):
     # The RFC 8785 text of a parsed JSON value: json.dumps (in C), with its floats laid out as ECMAScript does. The
-    # exact pure-Python path takes a lone scalar, integers that may reach 2^53 (unless the parser refused them:
-    # exact_ints), and keys mixing U+E000-U+FFFF with astral characters (UTF-16 order differs from code points there).
+    # exact pure-Python path takes a lone scalar and integers that may reach 2^53 (unless the parser refused them:
+    # exact_ints). marked: whether value's keys that need it are marked (strict_parse knows from the raw text);
+    # None: found out here, and if json.dumps's text may need it, that text is marked and parsed again.
     text = _SORTED.encode(value)
+    if marked is None and not text.isascii() and _may_mix(text.encode("utf-8", "surrogatepass")):
+        return _canonical_text(json.loads(_marked_text(text)), exact_ints, True)
     big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
-    if big_int or not isinstance(value, (dict, list)) or not text.isascii() and (
-        _BMP_HIGH.search(text) and _ASTRAL.search(text)
-        # then in keys: escapes masked, each key's end marked by \x01 (free: json.dumps escapes it)
-        and _BMP_HIGH_KEY.search(marked := text.replace("\\\\", "").replace('\\"', "").replace('":', '\x01":'))
-        and _ASTRAL_KEY.search(marked)
-    ):
-        return _jcs(value)
-    return _es_floats(text) if _FLOAT_FORMS.search(text) else text
+    if big_int or not isinstance(value, (dict, list)):
+        text = _jcs(value)
+    elif _FLOAT_FORMS.search(text):
+        text = _es_floats(text)
+    return text.replace(_MARK, "") if marked else text
 
 
-def canonical_json(value):
-    """RFC 8785 (JCS) canonical form of a parsed JSON value, as UTF-8 bytes (json.dumps in C when exact)."""
-    return _canonical_text(value).encode("utf-8")
-
-
-def canonical_members(value, exact_ints=False, levels=1):
-    """The RFC 8785 text of each member of an object ({key: text}; {None: text} for any other value), objects
-    within the first levels as members in turn. Made once per request, it serves the strict-JSON checks, the rules
-    that read JSON text, and both receipt hashes (MCP: the arguments, 3 levels down)."""
-    if not isinstance(value, dict):
-        return {None: _canonical_text(value, exact_ints)}
-    nested = lambda v: levels > 1 and isinstance(v, dict) and canonical_members(v, exact_ints, levels - 1)
-    return {key: nested(member) or _canonical_text(member, exact_ints) for key, member in value.items()}
-
-
-def assemble_canonical(members):
-    """The RFC 8785 text of the value whose members canonical_members gave: keys in UTF-16 code unit order."""
-    if None in members:
-        return members[None]
-    keys = sorted(members, key=lambda k: k.encode("utf-16-be"))
-    texts = (m if isinstance(m, str) else assemble_canonical(m) for m in map(members.get, keys))
-    return "{" + ",".join(_encode_str(k) + ":" + text for k, text in zip(keys, texts)) + "}"
+def canonical_members(value, exact_ints=False, along=("evidence",), marked=None):
+    """{None: the RFC 8785 text of value, along[0]: that of its member along[0]}, or for that member its own
+    canonical_members along the rest. Made once per request, it serves the strict-JSON checks, the rules that read
+    JSON text, and both receipt hashes (MCP: along params, arguments, evidence). The members on either side of the
+    one along are written by one json.dumps each, however many they are. marked: see _canonical_text."""
+    if not (along and isinstance(value, dict) and along[0] in value):
+        return {None: _canonical_text(value, exact_ints, marked)}
+    key, inner = along[0], canonical_members(value[along[0]], exact_ints, along[1:], marked)
+    # key is ASCII, so code point and UTF-16 order agree on which members come before it
+    before = _canonical_text({k: v for k, v in value.items() if k < key}, exact_ints, marked)[1:-1]
+    after = _canonical_text({k: v for k, v in value.items() if k > key}, exact_ints, marked)[1:-1]
+    whole = "{" + ",".join(filter(None, (before, _encode_str(key) + ":" + inner[None], after))) + "}"
+    return {None: whole, key: inner if len(along) > 1 else inner[None]}
 
 
 # ============================================================================================================
@@ -1287,7 +1321,7 @@ def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, no
         "schema": SCHEMA,
         "claim_hash": _sha(request["claim"].encode("utf-8")),
         "evidence_manifest_hash": _sha(members["evidence"].encode("utf-8")),
-        "request_hash": _sha(assemble_canonical(members).encode("utf-8")),
+        "request_hash": _sha(members[None].encode("utf-8")),
         "verifier_id": "verify_action.py@" + VERSION,
         "verifier_method": "rule_based." + kind,
         "verdict": verdict,
@@ -1442,18 +1476,25 @@ def strict_loads(raw, exact_ints=True):
     return strict_parse(raw, exact_ints)[0]
 
 
-def strict_parse(raw, exact_ints=True, levels=1):
-    """(value, its canonical_members) of strict JSON (see strict_loads): the canonical text made for the checks is
-    kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
+def strict_parse(raw, exact_ints=True, along=("evidence",)):
+    """(value, its canonical_members along the given keys) of strict JSON (see strict_loads): the canonical text made
+    for the checks is kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
     try:
         text = raw.decode("utf-8")
+        found = []  # where a key order may differ (_may_mix), the objects of two or more keys: one call in C each
         value = json.loads(
             text,  # 16 digits start any integer >= 2^53: only then are integers read one by one
             parse_int=_exact_int if exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK) else None,
             parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
+            object_hook=(lambda obj: len(obj) > 1 and found.append(obj) or obj) if _may_mix(raw) else None,
         )
-        members = canonical_members(value, exact_ints, levels)
-        again = assemble_canonical(members)
+        # Marking an object's keys in place costs about as much as parsing four containers: where the objects to mark
+        # are that many, the text is marked and parsed again instead (a twin of value, for the canonical text only).
+        if found and 4 * len(found) > text.count("{") + text.count("["):
+            members = canonical_members(json.loads(_marked_text(text)), exact_ints, along, True)
+        else:
+            members = _in_utf16_order(found, lambda: canonical_members(value, exact_ints, along, bool(found)))
+        again = members[None]
         again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
     except RequestError:
         raise
@@ -1464,10 +1505,10 @@ def strict_parse(raw, exact_ints=True, levels=1):
     except ValueError as e:
         problem = "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON")
         _bad_json("%s (at character %s)" % (problem, getattr(e, "pos", "?")))
-    # A duplicate key leaves fewer ':' outside strings in the re-encoded text. Without \u escapes (\u003a), strings
-    # hold as many ':' in both texts, so plain counts do.
-    outside = (_JSON_STRING.sub("", text), _JSON_STRING.sub("", again)) if "\\u" in text else (text, again)
-    if outside[0].count(":") != outside[1].count(":"):
+    # A duplicate key leaves fewer ':' outside strings in the re-encoded text. Strings hold as many ':' in both texts
+    # once the escaped ones (\u003a, after a backslash that is not itself escaped) are counted: counts in C.
+    escaped_colons = text.replace("\\\\", "").lower().count("\\u003a") if "\\u" in text else 0
+    if text.count(":") + escaped_colons != again.count(":"):
         _bad_json("duplicate object key")
     # Depth: the running depth over the brackets outside strings, counted in C.
     if text.count("[") + text.count("{") > MAX_DEPTH:
@@ -1602,6 +1643,7 @@ def spec_document(sandbox):
 _rpc_error = lambda msg_id, code, message: {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
 _text_content = lambda text: {"type": "text", "text": text}
 _json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+_MCP_ALONG = ("params", "arguments", "evidence")  # where a tools/call's evidence is (see canonical_members)
 
 
 class Service(object):
@@ -1665,7 +1707,7 @@ class Service(object):
         if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
             return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
         try:
-            obj, members = strict_parse(raw, levels=3 if path == "/mcp" else 1)
+            obj, members = strict_parse(raw, along=_MCP_ALONG if path == "/mcp" else ("evidence",))
             if path == "/mcp":  # mcp() answers every message itself
                 reply = self.mcp(obj, members)
                 return (202, None) if reply is None else (200, reply)
@@ -1699,7 +1741,7 @@ class Service(object):
         if not has_id:
             return None  # notifications are never answered
         try:
-            params_members = (members or {}).get("params")  # canonical_members of the message, 3 levels down
+            params_members = (members or {}).get("params")  # canonical_members of the message, along _MCP_ALONG
             result = self._method(msg["method"], msg.get("params", {}), session, params_members)
             return dict(jsonrpc="2.0", id=msg_id, result=result)
         except RequestError as e:
@@ -1750,7 +1792,7 @@ def serve_stdio(service, inp, out, max_line=4 << 20):
                     line = inp.readline(max_line)
                 _bad_json("message too large")
             with _REQUEST:
-                reply = service.mcp(*strict_parse(line, levels=3), session=session) if line.strip() else None
+                reply = service.mcp(*strict_parse(line, along=_MCP_ALONG), session=session) if line.strip() else None
         except RequestError as e:
             reply = _rpc_error(None, -32700, "Parse error: " + e.message)
         try:
