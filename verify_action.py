@@ -151,10 +151,10 @@ _HIGH_ESCAPE, _ASTRAL_ESCAPE, _ASTRAL_LEAD = (
 # UTF-16. json.loads never gives a surrogate pair as two code points (it joins escaped pairs), so marks leave
 # json.dumps's text by one replace (a lone surrogate stays, to be refused), and _SEPARATOR is never in parsed text.
 _MARK, _SEPARATOR = "\udbff\udfff", "\ud800\udc00"
-# an astral character; in JSON text with escaped backslashes set aside, also one escaped as a surrogate pair
-_ASTRAL_CHAR, _ASTRAL_JSON = (
+# an astral character; one escaped in JSON text, as a surrogate pair (escaped backslashes set aside)
+_ASTRAL_CHAR, _ASTRAL_ESCAPED = (
     re.compile("([\U00010000-\U0010ffff])"),
-    re.compile(r"([\U00010000-\U0010ffff]|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"),
+    re.compile(r"(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"),
 )
 # a float whose repr and ECMAScript forms differ: integral (12.0, not a version's 1.0.0) or with an exponent
 _FLOAT_FORMS = re.compile(r"[0-9]\.0(?![0-9eE.])|[0-9]e[-+]")
@@ -247,7 +247,8 @@ def _marked_text(text):
     # JSON text with _MARK around each astral character, escaped ones included: parsed, then written by json.dumps,
     # its objects come out in UTF-16 key order (the marks then removed).
     masked = text.replace("\\\\", _SEPARATOR)
-    return _MARK.join(_ASTRAL_JSON.split(masked)).replace(_SEPARATOR, "\\\\")
+    masked = _MARK.join(_ASTRAL_ESCAPED.split(masked)) if "\\u" in masked else masked
+    return _MARK.join(_ASTRAL_CHAR.split(masked)).replace(_SEPARATOR, "\\\\")
 
 
 def _in_utf16_order(found, make):
