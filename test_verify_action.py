@@ -2170,7 +2170,9 @@ sys.exit(va.main(sys.argv[2:]))
 """
 
 
-class SandboxedServing(unittest.TestCase):
+class KeyFilesCase(unittest.TestCase):
+    """A temporary folder with a new key ring and a token file, both mode 0600."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, self.dir)
@@ -2179,6 +2181,9 @@ class SandboxedServing(unittest.TestCase):
         fd = os.open(self.token, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
         os.write(fd, b"s3cret-token-0123456789\n")
         os.close(fd)
+
+
+class SandboxedServing(KeyFilesCase):
 
     def test_http_keeps_serving_under_the_sandbox(self):
         srv = ServerProcess("--key-file", self.keyfile, "--token-file", self.token, sandbox_flag())
@@ -2344,15 +2349,7 @@ sys.exit(va.main(sys.argv[1:]))
 """
 
 
-class OtherSystems(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, self.dir)
-        self.keyfile, self.token = os.path.join(self.dir, "keys"), os.path.join(self.dir, "token")
-        va.keygen(self.keyfile)
-        fd = os.open(self.token, os.O_WRONLY | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
-        os.write(fd, b"s3cret-token-0123456789\n")
-        os.close(fd)
+class OtherSystems(KeyFilesCase):
 
     def child(self, posix_modes):
         return [PY, "-c", NO_POSIX_NAMES, HERE, str(posix_modes)]
