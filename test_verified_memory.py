@@ -2890,8 +2890,9 @@ class TestSandboxLayers(TempDirCase):
                           (0xFFFF, 3, 3), (0xFFFF, 3, 3), (0xFFFF, 3, 3), (0x1FFFF, 3, 3)])
 
 
-# The serving path under the sandbox, in one child: strict freshness expiring while running, both tools,
-# tracebacks formatted after the restriction and one left uncaught at the end.
+# The serving path under the sandbox, in one child: strict freshness expiring while running, both tools, and
+# an uncaught exception at the end, whose traceback the interpreter must still print (3.13 tries to import its
+# Python traceback code, which the sandbox refuses, and falls back to the C printer of earlier versions).
 SANDBOX_SERVING = r"""
 import json
 pack, fingerprint, now, later = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -2904,12 +2905,6 @@ results = {"sandbox": status, "fresh search": tools.call("verified_memory_search
 clock[0] = later
 results["expired search"] = tools.call("verified_memory_search", {"query": "compost"})
 results["expired get"] = tools.call("verified_memory_get", {"id": "M-garden-7"})
-if sys.version_info >= (3, 13):                   # the Python code 3.13 prints tracebacks with, warmed up
-    import traceback                              # by the sandbox: no new import
-    try:
-        vm.strict_json_loads(None)                # AttributeError inside verified_memory.py
-    except AttributeError:
-        results["traceback"] = traceback.format_exc()
 print(json.dumps(results))
 sys.stdout.flush()
 vm.parse_utc("not a time")                        # uncaught: the interpreter prints the traceback
@@ -3020,9 +3015,6 @@ class TestSandboxedServing(McpProcessCase, SignedCase):
                    "no record data is served")
         self.assertEqual(results["expired search"], [None, refusal])
         self.assertEqual(results["expired get"], [None, refusal])
-        if sys.version_info >= (3, 13):
-            self.assertIn("AttributeError: 'NoneType' object has no attribute 'startswith'", results["traceback"])
-            self.assertIn('    if text.startswith("\\ufeff"):\n', results["traceback"])      # the source line
         self.assertEqual(done.returncode, 1)
         self.assertIn("verified_memory.py\", line ", done.stderr)
         self.assertTrue(done.stderr.rstrip().endswith("ValueError: must be a UTC ISO 8601 time ending in Z or "

@@ -1408,12 +1408,6 @@ def apply_sandbox(read_dir, mode):
     protocol byte. PackError when `on` finds no Landlock."""
     status, reason = "off", None
     if mode != "off":
-        if sys.version_info >= (3, 13):      # 3.13 prints tracebacks with Python code that reads sources lazily:
-            import traceback                 # load that code now, with this file's lines cached (earlier
-            try:                             # versions print them in C, which needs nothing more)
-                raise RuntimeError("warm-up")
-            except RuntimeError:
-                traceback.format_exc()
         abi, reason = landlock(read_dir)
         if abi is None and mode == "on":
             raise PackError("--sandbox=on needs Landlock (%s); use --sandbox=auto for the audit hook alone" % reason)
