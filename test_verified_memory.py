@@ -1038,7 +1038,7 @@ class TestMcpErrors(McpProcessCase):
 
     def test_internal_errors_keep_the_session(self):
         class Broken:
-            def call(self, name, arguments):
+            def call_json(self, name, arguments):
                 raise RuntimeError("boom")
         session = vm.McpSession(Broken())
         session.handle_message(initialize())
@@ -1510,6 +1510,105 @@ class TestSearch(SearchCase):
             payload = self.search(" ".join(query))
             self.assertEqual(payload["matched"], len(scored), query)
             self.assertEqual([m["record_id"] for m in payload["matches"]], [s[2] for s in scored[:10]], query)
+
+
+def compact(value):
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class TestReplyEncoding(TempDirCase):
+    """Search matches are cut from record lines written as json.dumps writes them, and tool replies are spliced
+    from the payload's bytes: every reply must still be exactly the compact JSON of its objects, whatever form
+    the pack's lines take."""
+
+    TEXT = "Plot 7/b: \"quoted\" back\\slash\ttab\nline \x00\x1f\x7f é ß 東京 🌱 \u2028 end"
+
+    def variants(self, text=TEXT, name="a"):
+        """(record line, in json.dumps's own form?) for one record written many ways."""
+        citation = {"message_id": 2, "date_utc": "2026-02-14T18:12:00Z", "quote": text, "start": 0,
+                    "end": len(text), "message_sha256": "ab" * 32}
+        base = {"record_id": "M-a", "role": "user", "speaker": "Inès", "category": "people", "topic": "Plots",
+                "statement": text, "date_first_utc": "2026-02-14T18:12:00Z",
+                "date_last_utc": "2026-02-14T18:12:00Z", "evidence": [citation, dict(citation, message_id=3)]}
+        canonical = record_line(base)
+        metadata = dict(base, provenance={"audit": [{"by": "Ana", "note": text}], "n": 1.5}, supersedes=None)
+        reordered = dict(reversed(list(base.items())))
+        swapped = dict(base, evidence=[dict(reversed(list(citation.items())))])
+        forms = [
+            (canonical, True),
+            (record_line(metadata), True),                                  # metadata after the fields: cut
+            (record_line(dict(provenance={"x": 1}, **base)), False),        # metadata first
+            (json.dumps(base, ensure_ascii=False), False),                  # spaces
+            (json.dumps(base, separators=(",", ":")), False),               # \\u00e9 and surrogate pairs
+            (record_line(reordered), False),
+            (record_line(swapped), False),
+            (canonical.replace("/", "\\/"), False),
+            (canonical.replace("\\t", "\\u0009"), False),
+            (canonical.replace("\\u001f", "\\u001F"), False),
+            (canonical.replace("18:12", "18\\u003a12", 1), False),
+            (canonical.replace('"start":0', '"start":-0'), False),
+            (canonical.replace('"role":"user"', '"role":"\\u0075ser"'), False),
+            (canonical.replace('"record_id":"M-a"', '"record_id":"M\\u002da"'), False),
+            (canonical[:-1] + ' }', True),
+        ]
+        forms = [(line, fast) for k, (line, fast) in enumerate(forms) if k == 0 or line != canonical]   # no no-ops
+        named = [(line.replace('"M-a"', '"M-%s%d"' % (name, k), 1), fast) for k, (line, fast) in enumerate(forms)]
+        return [(line.replace('"M\\u002da"', '"M\\u002d%s%d"' % (name, k)), fast)
+                for k, (line, fast) in enumerate(named)]
+
+    def test_matches_equal_the_encoding_of_their_records(self):
+        pack = self.copy_pack()
+        variants = self.variants("Plain words 7 é 🌱", "p")
+        variants += self.variants()
+        write(os.path.join(pack, "records.jsonl"), "".join(line + "\n" for line, _ in variants))
+        reseal(pack)
+        tools = vm.ToolServer(self.load(pack), lambda: NOW)
+        plain = [b"\\" not in line.encode() for line, _ in variants]
+        spliced = [(p, bool(vm._canonical_match(p).match(line.encode()))) for p, (line, _) in zip(plain, variants)]
+        self.assertEqual(spliced[:3] + spliced[-3:], [(True, True), (True, True), (True, False), (False, False),
+                                                      (False, False), (False, True)])
+        self.assertEqual([fast for _, fast in spliced], [fast for _, fast in variants])
+        for i, (line, _) in enumerate(variants):
+            record = json.loads(line)
+            expected = dict({field: record[field] for field in vm.RECORD_FIELDS}, occurrences=7)
+            self.assertEqual(tools.match_json(i, 7), compact(expected), line)
+        for query, matched in (("tab 東京", len(self.variants())), ("plots", len(variants))):
+            payload, error = tools.call_json("verified_memory_search", {"query": query})
+            self.assertIsNone(error)
+            self.assertEqual(payload, compact(json.loads(payload)))
+            self.assertEqual(json.loads(payload)["matched"], matched)
+
+    def test_replies_are_the_compact_json_of_their_objects(self):
+        pack = self.copy_pack()
+        lines = read(os.path.join(pack, "records.jsonl")).decode().splitlines()
+        extra = [line for line, _ in self.variants()]
+        write(os.path.join(pack, "records.jsonl"), "".join(line + "\n" for line in lines + extra))
+        reseal(pack)
+        snapshot = self.load(pack)
+        requests = [call(1, "verified_memory_search", {"query": q}) for q in ("the", "tab", "Seedlings café", "zzz")]
+        requests += [call("id \"ü\"", "verified_memory_get", {"id": i}) for i in ("M-garden-1", "M-a3", "M-b")]
+        requests += [call(2, "verified_memory_check_payee", {"payee": "x", "account": "DE89370400440532013000"}),
+                     call(3, "verified_memory_search", {"query": ""})]
+        for version in LEGACY + (vm.MODERN_VERSION,):
+            session = vm.McpSession(vm.ToolServer(snapshot, lambda: NOW))
+            if version in LEGACY:
+                session.handle_line(json.dumps(initialize(version)).encode())
+            batch = json.dumps(requests[:3]).encode()
+            for request in requests + ([batch] if version == "2025-03-26" else []):
+                if version == vm.MODERN_VERSION:
+                    request = dict(request, params=dict(request["params"], _meta=MODERN_META))
+                line = request if type(request) is bytes else json.dumps(request).encode()
+                reply = session.handle_line(line)
+                self.assertEqual(reply, compact(json.loads(reply)), (version, line))
+                for item in (json.loads(reply) if type(request) is bytes else [json.loads(reply)]):
+                    result = item["result"]
+                    if not result["isError"]:
+                        payload = json.loads(result["content"][0]["text"])
+                        self.assertEqual(result["content"][0]["text"].encode(), compact(payload))
+                        self.assertEqual(result.get("structuredContent", payload), payload)
+                        self.assertEqual(list(result), ["content", "isError"] + ["structuredContent"] * (
+                            version >= "2025-06-18") + ["resultType"] * (version == vm.MODERN_VERSION))
+                        self.assertEqual(list(payload)[-2:], ["verification", "notice"])
 
 
 # ---------------------------------------------------------------------------
@@ -5841,11 +5940,11 @@ def _payee_pack(source, folder):
 
 
 def _round_trips(session, lines):
-    """Per-line time to answer a JSON-RPC line and encode the reply, as serve() does (in process)."""
+    """Per-line time to answer a JSON-RPC line with its encoded reply, as serve() does (in process)."""
     times = []
     for line in lines:
         start = time.perf_counter()
-        json.dumps(session.handle_line(line), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        session.handle_line(line)
         times.append(time.perf_counter() - start)
     return times
 
@@ -5898,8 +5997,7 @@ def _bench_payee(tmp, max_pack):
             if k % 2:
                 iban = _bench_iban(rng.randrange(count))
             checks.append(json.dumps(call(k, PAYEE, {"payee": name, "account": iban})).encode() + b"\n")
-        outcomes = [json.loads(session.handle_line(line)["result"]["content"][0]["text"])["outcome"]
-                    for line in checks]
+        outcomes = [json.loads(session.handle_line(line))["result"]["structuredContent"]["outcome"] for line in checks]
         get_times, check_times = [], []
         for _ in range(3):                        # interleaved runs, so load changes hit both alike
             get_times += _round_trips(session, gets)
