@@ -1342,6 +1342,20 @@ class TestSearchIndexPaths(SearchCase):
                                                weights=[8] * len(common) + [1] * len(rare))
         self.assertEqual(paths, {"one", "filter", "common"})
 
+    def test_every_way_of_summing_counts(self):
+        # totals below 128 summed in one-byte fields, below 255 in two-byte fields with even and odd places
+        # apart, else in 16-bit fields where 255 stands for 255 or more; an odd number of records
+        rng = random.Random(11)
+        vocabulary = ["x", "y", "z"]
+        texts = [" ".join(w for w in vocabulary for _ in range(rng.choice((0, 1, 2, 3, rng.randint(1, 120)))))
+                 or "x" for _ in range(301)]
+        texts[7] = " ".join(["x"] * 120 + ["y"] * 120 + ["z"] * 120)
+        index, paths = self.check_against_scan(texts, vocabulary, rng, queries=80)
+        self.assertEqual(paths, {"common"})
+        self.assertEqual([index.peak[w] for w in (b"x", b"y", b"z")], [120, 120, 120])
+        self.assertEqual(index.search(["x", "y", "z"])[1][0], (7, 360))
+        self.assertEqual(index.search(["z", "y"])[1][0], (7, 240))
+
     def test_huge_counts_stay_exact(self):
         # 70,000 occurrences overflow 16 bits; totals around 255 (a byte) are ordered by their exact values
         texts = ["big small"] * 87 + [" ".join(["big"] * (248 + 3 * i)) + " small" for i in range(12)] + \

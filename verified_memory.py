@@ -1473,7 +1473,7 @@ class SearchIndex:
     def __init__(self, record, dates, ids):
         self._source = (record, dates, ids)
         self._lock, self._ready, self._started, self._asked = threading.Lock(), threading.Event(), False, []
-        self.postings, self.failure, self.dense = None, None, {}
+        self.postings, self.failure, self.dense, self.lane_masks = None, None, {}, {}
 
     def start(self):
         """Build the index in a background thread, once; search() waits for it or for an early answer."""
@@ -1562,13 +1562,15 @@ class SearchIndex:
         if not words:
             return 0, []
         self.start()
-        request = [[word.encode("utf-8", "surrogatepass") for word in words], limit, threading.Event(), None]
-        with self._lock:
-            if self._ready.is_set():
-                request[2].set()
-            else:
-                self._asked.append(request)
-        request[2].wait()
+        request = [[word.encode("utf-8", "surrogatepass") for word in words], limit, None, None]
+        if not self._ready.is_set():          # asked while building: answered between two records, or at the end
+            request[2] = threading.Event()
+            with self._lock:
+                if self._ready.is_set():
+                    request[2].set()
+                else:
+                    self._asked.append(request)
+            request[2].wait()
         if self.failure is not None:
             raise RuntimeError("the search index could not be built (%s)" % type(self.failure).__name__)
         matched, best = request[3] or self._lookup(request[0], limit)
@@ -1603,16 +1605,22 @@ class SearchIndex:
         return len(best), best[:limit]
 
     def _common(self, words, limit):
-        """Every word is common: sum the count fields (16 bits each when no total can reach 2**15, else 32),
-        mask the places holding every word, and read the best places off one byte per place, from the top
-        total down (when a total can reach 255, 255 stands for 255 or more, ordered by the exact totals)."""
-        peak = sum(self.peak[word] for word in words)
+        """Every word is common. When no total can reach 255 and every count is a byte (the usual case), one
+        word's counts are its totals, and several words' are summed by _sums. Otherwise the count fields are
+        summed 16 bits each when no total can reach 2**15, else 32, and 255 stands for 255 or more, ordered by the
+        exact totals. Either way the places holding every word keep their totals, one byte per place, and the
+        best are read off from the top total down."""
+        counts, peak = [self.dense[word] for word in words], sum(self.peak[word] for word in words)
+        if peak < 255 and all(type(count) is bytearray for count in counts):
+            small = counts[0] if len(counts) == 1 else self._sums(counts, peak)
+            matched = self.size - small.count(0)
+            return matched, self._best(small, peak, min(limit, matched))
         width = 2 if peak < 1 << 15 else 4    # bytes per field
         ones, top_bit, size = self.ones[width], 8 * width - 1, self.size
         flags, fill = ones << top_bit, ones * ((1 << top_bit) - 1)
         totals, present = 0, flags
-        for word in words:
-            vector = self._vector(self.dense[word], width)
+        for count in counts:
+            vector = self._vector(count, width)
             totals += vector
             present &= vector + fill          # top bit of a field kept iff every count there is >= 1
         totals &= present - (present >> top_bit)
@@ -1621,24 +1629,49 @@ class SearchIndex:
             low = totals & ones * 0xFF
             shown = low | (((totals - low + fill - ones * 255) & flags) >> top_bit) * 0xFF     # 255 if >= 256
         small = shown.to_bytes(width * size, "little")[::width]
-        matched, top = size - small.count(0), 0
-        while top < peak:                     # the highest total: some place has top, none has more than peak
-            middle = (top + peak + 1) // 2
-            top, peak = (middle, peak) if small.translate(None, bytes(range(middle))) else (top, middle - 1)
-        best, want = [], min(limit, matched)
-        for total in range(top, 0, -1):
-            found, at = [], size
-            while total == 255 or len(best) + len(found) < want:
-                at = small.rfind(total, 0, at)
-                if at < 0:
-                    break
-                found.append(total << PLACE_BITS | at)
-            if total == 255:
-                data, places = totals.to_bytes(width * size, "little"), [key & PLACE_MASK for key in found]
-                found = sorted((int.from_bytes(data[width * place:width * place + width], "little") << PLACE_BITS
-                                | place for place in places), reverse=True)
-            best += found[:want - len(best)]
-        return matched, best
+        matched, places, at = size - small.count(0), [], size
+        while peak == 255 and at > 0:         # every place shown as 255, then ordered by its exact total
+            at = small.rfind(255, 0, at)
+            places += [at] if at >= 0 else []
+        data, want = totals.to_bytes(width * size, "little"), min(limit, matched)
+        best = sorted((int.from_bytes(data[width * place:width * place + width], "little") << PLACE_BITS | place
+                       for place in places), reverse=True)[:want]
+        return matched, best + self._best(small, min(peak, 254), want - len(best))
+
+    def _sums(self, counts, peak):
+        """Byte counts whose totals stay below 255 -> one byte per place: the total where every count is >= 1,
+        else 0. The counts are summed as big integers in fields of one byte when the totals stay below 128,
+        else of two bytes with even and odd places in separate integers, so that no sum carries into the next
+        field and a top bit per field can mark the places where every word occurs."""
+        lanes, size = 1 if peak < 128 else 2, self.size
+        if lanes not in self.lane_masks:
+            ones = int.from_bytes((b"\1" + bytes(lanes - 1)) * -(-size // lanes), "little")
+            self.lane_masks[lanes] = ones * 0xFF, ones << 8 * lanes - 1, ones * ((1 << 8 * lanes - 1) - 1)
+        low, flags, fill = self.lane_masks[lanes]
+        top_bit = 8 * lanes - 1
+        totals, present = [0] * lanes, [flags] * lanes
+        for count in counts:
+            vector = int.from_bytes(count, "little")
+            for lane in range(lanes):
+                part = (vector >> 8 * lane) & low
+                totals[lane] += part
+                present[lane] &= part + fill  # top bit of a field kept iff every count there is >= 1
+        small = 0
+        for lane in range(lanes):
+            small |= (totals[lane] & (present[lane] - (present[lane] >> top_bit))) << 8 * lane
+        return small.to_bytes(size, "little")
+
+    @staticmethod
+    def _best(small, top, want):
+        """One total per place (bytes, none above `top`) -> keys of the `want` best places, best first."""
+        best, total, at = [], top, len(small)
+        while len(best) < want and total > 0:
+            at = small.rfind(total, 0, at)
+            if at < 0:
+                total, at = total - 1, len(small)
+            else:
+                best.append(total << PLACE_BITS | at)
+        return best
 
 
 # ============================================================================
