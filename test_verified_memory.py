@@ -1613,7 +1613,7 @@ class TestReplyEncoding(TempDirCase):
                     request = dict(request, params=dict(request["params"], _meta=MODERN_META))
                 line = request if type(request) is bytes else json.dumps(request).encode()
                 reply = session.handle_line(line)
-                self.assertEqual(reply, compact(json.loads(reply)), (version, line))
+                self.assertEqual(reply, compact(json.loads(reply)) + b"\n", (version, line))
                 for item in (json.loads(reply) if type(request) is bytes else [json.loads(reply)]):
                     result = item["result"]
                     if not result["isError"]:

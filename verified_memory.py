@@ -1910,26 +1910,27 @@ class ToolResult:
     def __init__(self, payload, structured):
         self.payload, self.structured, self.complete = payload, structured, False
 
-    def encode(self):
-        """-> the result's JSON, exactly as json.dumps(ensure_ascii=False, compact) writes the same object."""
+    def encode(self, before=b"", after=b""):
+        """-> `before`, the result's JSON exactly as json.dumps(ensure_ascii=False, compact) writes the same
+        object, and `after`, joined once (a search reply is tens of kilobytes)."""
         # compact JSON holds no raw control character: as a JSON string it needs only backslashes and quotes escaped
         text = self.payload.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
-        parts = [b'{"content":[{"type":"text","text":"', text, b'"}],"isError":false']
+        parts = [before, b'{"content":[{"type":"text","text":"', text, b'"}],"isError":false']
         if self.structured:
             parts += [b',"structuredContent":', self.payload]
         if self.complete:
             parts.append(b',"resultType":"complete"')
-        parts.append(b"}")
+        parts += [b"}", after]
         return b"".join(parts)
 
 
-def encode_reply(reply):
-    """A reply object or a batch of them -> compact UTF-8 JSON, a ToolResult spliced in as it is."""
+def encode_reply(reply, end=b""):
+    """A reply object or a batch of them -> compact UTF-8 JSON followed by `end`, a ToolResult spliced in."""
     if type(reply) is list:
-        return b"[" + b",".join(map(encode_reply, reply)) + b"]"
+        return b"[" + b",".join(map(encode_reply, reply)) + b"]" + end
     if type(reply.get("result")) is not ToolResult:
-        return _json_bytes(reply)
-    return b'{"jsonrpc":"2.0","id":%s,"result":%s}' % (_json_bytes(reply["id"]), reply["result"].encode())
+        return _json_bytes(reply) + end
+    return reply["result"].encode(b'{"jsonrpc":"2.0","id":%s,"result":' % _json_bytes(reply["id"]), b"}" + end)
 
 
 class RpcError(Exception):
@@ -1955,9 +1956,9 @@ class McpSession:
         self.tools, self.era, self.version = tools, None, None
 
     def handle_line(self, raw):
-        """One line of stdin -> the reply's compact UTF-8 JSON (without the newline), or None."""
+        """One line of stdin -> the reply's line (compact UTF-8 JSON and a newline), or None."""
         reply = self.reply_to_line(raw)
-        return None if reply is None else encode_reply(reply)
+        return None if reply is None else encode_reply(reply, b"\n")
 
     def reply_to_line(self, raw):
         """One line of stdin -> a reply (object or list) or None."""
@@ -2098,12 +2099,12 @@ def serve(snapshot, stdin, stdout, clock=time.time_ns):
             while line and not line.endswith(b"\n"):      # skip the rest without holding it
                 line = stdin.readline(1 << 16)
             reply = encode_reply(_error(None, -32600, "Invalid Request: message is larger than %d bytes"
-                                        % MAX_MESSAGE_BYTES))
+                                        % MAX_MESSAGE_BYTES), b"\n")
         else:
             reply = session.handle_line(line)
         if reply is not None:
             try:
-                stdout.write(reply + b"\n")
+                stdout.write(reply)
                 stdout.flush()
             except BrokenPipeError:
                 return 0                      # the client is gone
