@@ -1755,14 +1755,15 @@ def _canonical_match(plain):
     """A regular expression for the start of a record line that holds RECORD_FIELDS exactly as json.dumps
     (ensure_ascii=False, compact) writes them, with CITATION_FIELDS in order: no space, no escape json.dumps
     would not write. The line is valid JSON (the pack verified), so only the form is checked; `plain`: for a
-    line without a backslash, hence without escapes (quicker to match). Compiled at the first search."""
-    escaped = rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
-    text = rb'"[^"]*"' if plain else escaped
-    date, count = rb'"[-0-9T:.Z+]*"', rb"(?:0|[1-9][0-9]*)"
-    citation = rb'\{"message_id":%s,"date_utc":%s,"quote":%s,"start":%s,"end":%s,"message_sha256":"[0-9a-f]{64}"\}'
-    return re.compile(rb'\{"record_id":"[-\w]*","role":"(?:user|agent)","speaker":%s,"category":%s,"topic":%s,'
-                      rb'"statement":%s,"date_first_utc":%s,"date_last_utc":%s,"evidence":\[(?:,?%s)+\]'
-                      % (text, text, text, text, date, date, citation % (count, date, text, count, count)))
+    line without a backslash, whose strings hold no escape at all. Compiled at the first search."""
+    word = rb'"[^"]*"' if plain else rb'"[^"\\]*"'    # IDs, dates, digests: never an escape
+    text = word if plain else rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
+    count = rb"(?:0|[1-9][0-9]*)"
+    citation = rb'\{"message_id":%s,"date_utc":%s,"quote":%s,"start":%s,"end":%s,"message_sha256":%s\}' % (
+        count, word, text, count, count, word)
+    return re.compile(rb'\{"record_id":%s,"role":%s,"speaker":%s,"category":%s,"topic":%s,"statement":%s,'
+                      rb'"date_first_utc":%s,"date_last_utc":%s,"evidence":\[(?:,?%s)+\]'
+                      % (word, word, text, text, text, text, word, word, citation))
 
 
 class PayeeIndex:
