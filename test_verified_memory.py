@@ -1366,6 +1366,19 @@ class TestSearchIndexPaths(SearchCase):
         matched, best = index.search(["big", "small"])
         self.assertEqual((matched, best[0][1]), (100, 70001))
 
+    def test_rare_words_with_huge_counts_are_filtered_exactly(self):
+        # 2**18 occurrences in one record give a rare word 64-bit keys; it is looked up in a common word with
+        # 32-bit counts, in a common word with byte counts and in another rare word
+        texts = ["big small"] * 80 + ["needle big needle pin"] * 5 + [" ".join(["needle"] * (1 << 18)) + " big pin"] + \
+            [" ".join(["big"] * 70000) + " needle small"]
+        index, paths = self.check_against_scan(texts, ["big", "small", "needle", "pin"], random.Random(3), queries=40)
+        self.assertEqual((index.postings[b"needle"].typecode, index.postings[b"pin"].typecode), ("Q", "I"))
+        self.assertIsInstance(index.dense[b"big"], array.array)
+        self.assertEqual(paths, {"one", "filter", "common"})
+        matched, best = index.search(["needle", "big"])
+        self.assertEqual((matched, best[:2], sorted(best[2:])), (7, [(85, 1 + (1 << 18)), (86, 70001)],
+                                                                 [(i, 3) for i in range(80, 85)]))
+
     def test_a_search_asked_during_the_build_is_answered_early_and_exactly(self):
         class AnswersEarly(vm.SearchIndex):
             early = 0

@@ -1588,21 +1588,32 @@ class SearchIndex:
         return self._filter(sorted(rare), common, limit) if rare else self._common(common, limit)
 
     def _filter(self, rare, common, limit):
-        """The rarest word has few records: look each of them up in the other words, in bulk."""
+        """The rarest word has few records: look each of them up in the other words, in bulk. Its keys become
+        64-bit fields of one big integer, to which each other word adds its counts (shifted past the place),
+        while the top bit of a field stays set as long as its record holds every word so far."""
         keys = self.postings[rare[0][1]]
         if len(rare) == 1 and not common:
             return len(keys), sorted(keys, reverse=True)[:limit]
-        places, totals = list(map(and_, keys, repeat(PLACE_MASK))), list(map(rshift, keys, repeat(PLACE_BITS)))
+        size, order, width = len(keys), sys.byteorder, keys.itemsize
+        wide, raw = bytearray(8 * size), keys.tobytes()
+        for byte in range(width):             # 64 bits per key, so that no sum of counts can overflow
+            wide[byte + (8 - width) * (order == "big")::8] = raw[byte::width]
+        ones = int.from_bytes(b"\1\0\0\0\0\0\0\0" * size, "little")
+        present, fill, keys = ones << 63, ones * ((1 << 63) - 1), int.from_bytes(wide, order)
+        places = array.array("Q", (keys & ones * PLACE_MASK).to_bytes(8 * size, order)).tolist()
         for word in [word for _, word in rare[1:]] + common:
             if word in self.dense:
-                found = itemgetter(*places)(self.dense[word]) if len(places) > 1 else [self.dense[word][places[0]]]
+                found = itemgetter(*places)(self.dense[word]) if size > 1 else [self.dense[word][places[0]]]
             else:
-                found = list(map(_by_place(self.postings[word]).get, places, repeat(0)))
-            places, totals = list(compress(places, found)), list(map(add, compress(totals, found), filter(None, found)))
-            if not places:
+                found = map(_by_place(self.postings[word]).get, places, repeat(0))
+            counts = int.from_bytes(array.array("Q", found), order)
+            keys += counts << PLACE_BITS
+            present &= counts + fill          # top bit of a field kept iff every count there is >= 1
+            if not present:
                 return 0, []
-        best = sorted(map(or_, map(lshift, totals, repeat(PLACE_BITS)), places), reverse=True)
-        return len(best), best[:limit]
+        best = array.array("Q", (keys & present - (present >> 63)).to_bytes(8 * size, order))
+        matched = size - best.count(0)
+        return matched, sorted(best, reverse=True)[:min(limit, matched)]
 
     def _common(self, words, limit):
         """Every word is common. When no total can reach 255 and every count is a byte (the usual case), one
