@@ -44,8 +44,8 @@ import time
 import unicodedata
 from bisect import bisect_left
 from collections import Counter, defaultdict, namedtuple
-from itertools import compress, repeat
-from operator import add, and_, itemgetter, lshift, or_, rshift
+from itertools import repeat
+from operator import and_, itemgetter, rshift
 
 # ============================================================================
 # §1 Constants and limits
