@@ -1273,8 +1273,8 @@ def disk_state(root):
     """The pack folder's identity and listing with each entry's metadata, read by path (no file contents)."""
     try:
         root_stat = os.lstat(root)
-        names = sorted(os.listdir(root))
-        return (_identity(root_stat), tuple((name, _identity(os.lstat(os.path.join(root, name)))) for name in names))
+        names, folder = sorted(os.listdir(root)), os.path.join(root, "")     # root and a separator
+        return (_identity(root_stat), tuple([(name, _identity(os.lstat(folder + name))) for name in names]))
     except OSError:
         return None
 
