@@ -1644,7 +1644,7 @@ class SearchIndex:
         while peak == 255 and at > 0:         # every place shown as 255, then ordered by its exact total
             at = small.rfind(255, 0, at)
             places += [at] if at >= 0 else []
-        data, want = totals.to_bytes(width * size, "little"), min(limit, matched)
+        data, want = totals.to_bytes(width * size, "little") if places else b"", min(limit, matched)
         best = sorted((int.from_bytes(data[width * place:width * place + width], "little") << PLACE_BITS | place
                        for place in places), reverse=True)[:want]
         return matched, best + self._best(small, min(peak, 254), want - len(best))
@@ -1767,7 +1767,7 @@ def _canonical_match(plain):
     (ensure_ascii=False, compact) writes them, with CITATION_FIELDS in order: no space, no escape json.dumps
     would not write. The line is valid JSON (the pack verified), so only the form is checked; `plain`: for a
     line without a backslash, whose strings hold no escape at all. Compiled at the first search."""
-    word = rb'"[^"]*"' if plain else rb'"[^"\\]*"'    # IDs, dates, digests: never an escape
+    word = rb'"[^"]*"' if plain else rb'"[^"\\]*"'    # IDs, role, dates, digests: never an escape
     text = word if plain else rb'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
     count = rb"(?:0|[1-9][0-9]*)"
     citation = rb'\{"message_id":%s,"date_utc":%s,"quote":%s,"start":%s,"end":%s,"message_sha256":%s\}' % (
