@@ -342,13 +342,18 @@ class Issue11Speed(unittest.TestCase):
         # 10000000000000000, 12, -0 ... against an independent implementation, with strings that look like numbers
         rng = __import__("random").Random(11)
         values = [1e-5, 1.5e-5, -2.25e-6, 1e-6, 1e-7, 1.5e-9, 1e16, 1.5e16, -1.2345678901234567e20, 1e21, 12.0, -0.0,
-                  0.1, 5e-324, 1.7976931348623157e308, 2.0 ** 60, 123456789012345.0, 9007199254740993.0]
+                  0.1, 5e-324, 1.7976931348623157e308, 2.0 ** 60, 123456789012345.0, 9007199254740993.0,
+                  1.2345678901234567e16, -9.999999999999999e20, 1e20, -1e16, 5e-06, -1e-05, 9.999999999999999e-06,
+                  1.5e-08, -1e-09, 1e160, -1.5e160, 1.5e-160, 1e-50, 1.05e-05, 1.0000000000000002e16]
         values += [rng.uniform(-1, 1) * 10 ** rng.randint(-9, 25) for _ in range(3000)]
         values += [float(rng.randint(1, 99)) * 10 ** rng.randint(14, 22) for _ in range(500)]
         strings = ['1.0', 'e-05 1e+16 -0.0', 'a"b', 'c\\d', '\\"', '\\', '"', "1.5e-05,", "[12.0]"]
         doc = {"n": values, "s": strings * 20, "m": [{"k%d" % i: v, "t": strings[i % len(strings)]}
                                                      for i, v in enumerate(values[:500])]}
         self.assertEqual(canonical_json(doc).decode("utf-8"), ref_jcs(doc))
+        for v in values[:60]:  # each form first in a list, after a key, last in an object, beside strings
+            doc = [[v, "1e+16,"], {"a": v}, {"a": ["-0.0]", v]}, [-v, 1.5, v], {"z": "e-05", "y": v}]
+            self.assertEqual(canonical_json(doc).decode("utf-8"), ref_jcs(doc), v)
         for v in values[:40]:  # single numbers take the same layout
             self.assertEqual(canonical_json(v).decode(), ref_number(v), v)
 

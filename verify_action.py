@@ -156,8 +156,8 @@ _ASTRAL_CHAR, _ASTRAL_ESCAPED = (
     re.compile("([\U00010000-\U0010ffff])"),
     re.compile(r"(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"),
 )
-# a float whose repr and ECMAScript forms differ: integral (12.0, not a version's 1.0.0) or with an exponent
-_FLOAT_FORMS = re.compile(r"[0-9]\.0(?![0-9eE.])|[0-9]e[-+]")
+# a float whose repr and ECMAScript forms differ (see _ES_LITERALS): integral, or with some exponents
+_FLOAT_FORMS = re.compile(r"\.0[,\]}]|e-0[5-9]|e\+(?:1[6-9]|20)(?![0-9])")
 _SORTED = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
 )
@@ -196,42 +196,33 @@ def _jcs(v):
 
 
 # json.dumps writes a float as repr does, JCS as ECMAScript does: the same shortest round-trip digits in another
-# layout. Where the layouts differ, these substitutions rewrite repr's into ECMAScript's, in order, each gated by a
-# substring. Each starts with a literal and has a literal replacement, so all of it runs in C.
-_E16_20 = r"e\+(?:1[6-9]|20)(?![0-9])"  # repr's exponent form from 1e16 to 1e21, where ECMAScript writes digits
-_ES_LAYOUT = [
-    ("-0.0", r"-0\.0(?![0-9eE])", "0"),  # negative zero (no digit can precede a number's sign)
-    (".0", r"\.0(?![0-9eE])", ""),  # 12.0 is 12 (repr writes no other fraction ending in 0)
-    # 1.5e-05 is 0.000015: drop the mantissa's point, put 0.0000 after the delimiter or sign before it, drop e-05
-    ("e-05", r"\.(?=[0-9]+e-05(?![0-9]))", ""),
-] + [("e-05", re.escape(c) + r"(?=[0-9]+e-05(?![0-9]))", c + "0.0000") for c in ",[:-"] + [
-    ("e-05", r"e-05(?![0-9])", ""),
-    ("e-06", r"\.(?=[0-9]+e-06(?![0-9]))", ""),
-] + [("e-06", re.escape(c) + r"(?=[0-9]+e-06(?![0-9]))", c + "0.00000") for c in ",[:-"] + [
-    ("e-06", r"e-06(?![0-9])", ""),
-    ("e-0", r"e-0(?=[7-9](?![0-9]))", "e-"),  # 1e-07 is 1e-7
-    # 1.5e+16 is 15000000000000000: drop the point, pad with zeros, keep the first E + 1 digits, drop the exponent
-    ("e+", r"\.(?=[0-9]+" + _E16_20 + ")", ""),
-    ("e+", r"e\+(?=(?:1[6-9]|20)(?![0-9]))", "0" * 20 + "e+"),
-    ("e+", r"[0-9](?:" + "|".join(r"(?<=[,\[:-][0-9]{%d})[0-9]*(?=e\+%d(?![0-9]))" % (e + 2, e) for e in range(16, 21))
-     + ")", ""),
-    ("e+", _E16_20, ""),
-]
-_ES_LAYOUT, _ES_GATES = (
-    [(gate, re.compile(pattern), literal) for gate, pattern, literal in _ES_LAYOUT],
-    {gate for gate, _, _ in _ES_LAYOUT},
-)
+# layout. They differ in five forms: 1.5e-05 is 0.000015 (and -06), 1.5e+16 is 15000000000000000 (up to e+20), 12.0
+# is 12, -0.0 is 0, 1e-07 is 1e-7 (and -08, -09). Each of the first two is a regex split (the mantissa's first digit,
+# the point dropped, its other digits; the exponent dropped) and one %-format that lays the pieces out again, zeros
+# added (5 of 1.5e+16 is padded by '%-16s' with spaces, which become zeros). The others, and 1e+16, are literal
+# replacements: between strings a number always precedes one of , ] }. No Python code runs for each number.
+_ES_FORMS = [  # (a substring the form needs, its pattern, how one match is laid out)
+    (exponent, re.compile(r"([0-9])\.?([0-9]*)" + exponent), zeros + "%s%s%s")
+    for exponent, zeros in (("e-05", "0.0000"), ("e-06", "0.00000"))
+] + [("e+%d" % e, re.compile(r"\.([0-9]*)e\+%d(?![0-9])" % e), "%%-%ds%%s" % e) for e in range(16, 21)]
+_ES_LITERALS = [  # (a substring they need, (repr's text, ECMAScript's) in order), after _ES_FORMS
+    (".0", [("-0.0" + end, "0" + end) for end in ",]}"] + [(".0" + end, end) for end in ",]}"]),
+    ("e-0", [("e-0%d" % digit, "e-%d" % digit) for digit in (7, 8, 9)]),
+] + [("e+%d" % e, [("e+%d%s" % (e, end), "0" * e + end) for end in ",]}"]) for e in range(16, 21)]
 
 
 def _es_floats(text):
     # json.dumps text with its floats in ECMAScript layout. Strings are set aside by splitting at quotes, once
     # escaped backslashes and quotes are masked (json.dumps escapes \x01 \x02 \x03, so they are free as masks).
     parts = text.replace("\\\\", "\x01").replace('\\"', "\x02").split('"')
-    outside = "\x03".join(parts[0::2])  # the text between strings
-    present = {gate: gate in outside for gate in _ES_GATES}  # no substitution adds a later gate's substring
-    for gate, pattern, literal in _ES_LAYOUT:
-        outside = pattern.sub(literal, outside) if present[gate] else outside
-    parts[0::2] = outside.split("\x03")
+    outside = "\x03".join(parts[0::2])  # the text between strings: no space, no %
+    for needed, pattern, layout in _ES_FORMS:
+        pieces = pattern.split(outside) if needed in outside else [outside]
+        outside = ("%s" + layout * ((len(pieces) - 1) // (pattern.groups + 1))) % tuple(pieces)
+    for needed, replacements in _ES_LITERALS:
+        for old, new in replacements if needed in outside else ():
+            outside = outside.replace(old, new)
+    parts[0::2] = outside.replace(" ", "0").split("\x03")
     return '"'.join(parts).replace("\x02", '\\"').replace("\x01", "\\\\")
 
 
