@@ -541,24 +541,37 @@ _DIFF_HEADER = re.compile(
 _HUNK_END, _HUNK_START = re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)"), ("-", "+", " ", "\\", "\n", "\r\n")
 
 
-def _hunk_body(text, start, old, new):
-    # (lines, marks) of the hunk body at start: the longest run of hunk lines whose removed and context lines fit
-    # old and whose added and context lines fit new (its @@ line's counts). Counted in C: a binary search over
-    # str.count of the marks, one character a line.
+def _hunk_body(text, start, header, file, changed):
+    # Where the hunk body at start ends: the longest run of hunk lines whose removed and context lines fit the old
+    # count of its @@ line (header) and whose added and context lines fit the new. Its + and - lines are counted into
+    # file and appended to changed. Mostly the whole run fits; else a binary search over str.count of its marks (one
+    # character a line) finds the end, in C.
     if not text.startswith(_HUNK_START, start):
-        return [], ""
+        return start
+    # the old and new line counts of '@@ -a,b +c,d @@' (a missing count is 1, a malformed one 0)
+    counts = [p[1:].partition(",")[2] or "1" for p in header.split(" ")[1:3]] + ["0", "0"]
+    old, new = [int(n) if n.isdigit() and n.isascii() and len(n) < 10 else 0 for n in counts[:2]]
     stop = _HUNK_END.search(text, start)
-    lines = text[start : stop.start() if stop else len(text)].split("\n")
+    end = stop.start() if stop else len(text)
+    lines = text[start:end].split("\n")
     marks = "".join([line[:1] or " " for line in lines]).replace("\r", " ")
     fits = lambda k: (
         marks.count("-", 0, k) + marks.count(" ", 0, k) <= old
         and marks.count("+", 0, k) + marks.count(" ", 0, k) <= new
     )
-    low, high = (len(lines), len(lines)) if fits(len(lines)) else (0, len(lines))  # mostly the whole run fits
+    low, high = (len(lines), len(lines)) if fits(len(lines)) else (0, len(lines))
     while low < high:  # the largest k whose first k lines fit
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return lines[:low], marks[:low]
+    if low < len(lines):  # the body is the run's first low lines
+        lines, marks = lines[:low], marks[:low]
+        end = start + len("\n".join(lines))
+    file["added"] += marks.count("+")
+    file["removed"] += marks.count("-")
+    changed += lines if " " not in marks and "\\" not in marks else [
+        line for line, mark in zip(lines, marks) if mark in "+-"
+    ]
+    return end + 1 if lines else start
 
 
 def parse_diff(text):
@@ -589,15 +602,7 @@ def parse_diff(text):
         elif line.startswith("@@ "):
             current = current if current is not None else _new_file(files, "", "")
             git_header = False
-            # the old and new line counts of '@@ -a,b +c,d @@' (a missing count is 1, a malformed one 0)
-            counts = [p[1:].partition(",")[2] or "1" for p in line.split(" ")[1:3]] + ["0", "0"]
-            lines, marks = _hunk_body(text, at, *(int(n) if _digits(n) and len(n) < 10 else 0 for n in counts[:2]))
-            current["added"] += marks.count("+")
-            current["removed"] += marks.count("-")
-            changed += lines if " " not in marks and "\\" not in marks else [
-                line for line, mark in zip(lines, marks) if mark in "+-"
-            ]
-            at += len("\n".join(lines)) + 1 if lines else 0
+            at = _hunk_body(text, at, line, current, changed)
         elif current is not None and line.startswith(("new file mode", "deleted file mode")):
             current["status"] = "added" if line[0] == "n" else "deleted"
         elif current is not None and line.startswith("rename from "):
