@@ -457,26 +457,27 @@ class Utf16KeyOrder(unittest.TestCase):
             self.strict([doc, many], [other, many])  # objects to mark are many: the text is marked and parsed again
 
     def test_both_ways_are_taken_and_the_pure_python_encoder_is_not(self):
-        calls = {"in place": [], "parsed again": 0, "pure python": 0}
-        real = va._in_utf16_order, va._marked_text, va._jcs
+        calls = {"in place": [], "marks": [], "pure python": 0}
+        real = va._in_utf16_order, va.canonical_members, va._jcs
 
         def jcs(v):
             calls["pure python"] += 1
             return real[2](v)
 
-        def marked_text(text):
-            calls["parsed again"] += 1
-            return real[1](text)
+        def canonical_members(value, exact_ints=False, along=("evidence",), marked=None):
+            calls["marks"].append(marked)
+            return real[1](value, exact_ints, along, marked)
         va._in_utf16_order = lambda found, make: calls["in place"].append(len(found)) or real[0](found, make)
-        va._marked_text, va._jcs = marked_text, jcs
+        va.canonical_members, va._jcs = canonical_members, jcs
         try:
             bodies = {label: (path, body) for label, path, body in adversarial_bodies()}
             for label in ("U+E000 and astral in keys", "50k small objects of such keys"):
                 self.assertEqual(answer(*bodies[label]), I)
         finally:
-            va._in_utf16_order, va._marked_text, va._jcs = real
-        self.assertEqual(calls["in place"][0], 2)  # the request object and the evidence
-        self.assertEqual(calls["parsed again"], 1)  # 50,000 objects: their text once more, not an object at a time
+            va._in_utf16_order, va.canonical_members, va._jcs = real
+        self.assertEqual(calls["in place"], [2])  # the request object and the evidence, in the first body only
+        # 50,000 objects: their text marked and parsed again, not an object at a time
+        self.assertEqual(list(dict.fromkeys(calls["marks"])), [va._MARK, va._TEXT_MARK])
         self.assertLess(calls["pure python"], 200)  # the receipt's few fields; before: every value of the 1 MiB
 
     def test_members_beside_the_evidence_are_written_together(self):

@@ -143,19 +143,18 @@ _BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
 # both in UTF-8 JSON text, escaped (\uE000; a high surrogate) or by an astral character's lead byte.
 _HIGH_ESCAPE, _ASTRAL_ESCAPE, _ASTRAL_LEAD = (
     re.compile(rb"\\u[eEfF]"),
-    re.compile(rb"\\u[dD][89abAB]"),
+    re.compile(rb"(\\u[dD][89abAB])"),  # split at, in _marked_text
     re.compile(rb"[\xf0-\xf4]"),
 )
-# _MARK around each astral character makes code point order UTF-16 order: its first code point, U+DBFF, sorts against
+# A mark before each astral character makes code point order UTF-16 order: its first code point, U+DBFF, sorts against
 # any other character as an astral character's high surrogate does, and after it astral characters sort as in
-# UTF-16. json.loads never gives a surrogate pair as two code points (it joins escaped pairs), so marks leave
-# json.dumps's text by one replace (a lone surrogate stays, to be refused), and _SEPARATOR is never in parsed text.
-_MARK, _SEPARATOR = "\udbff\udfff", "\ud800\udc00"
-# an astral character; one escaped in JSON text, as a surrogate pair (escaped backslashes set aside)
-_ASTRAL_CHAR, _ASTRAL_ESCAPED = (
-    re.compile("([\U00010000-\U0010ffff])"),
-    re.compile(r"(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"),
-)
+# UTF-16. Marks leave json.dumps's text by one replace, so input must not be able to make one (an input's lone
+# surrogate stays, to be refused). Keys marked in place take _MARK, a surrogate pair as two code points: json.loads
+# joins escaped pairs, and strict_parse refuses raw surrogates. Marked JSON text takes _TEXT_MARK, written as
+# _TEXT_MARK_JSON: an escaped lone U+DBFF and U+10FFFF; input cannot make it either, as every astral character in
+# marked text has a mark before it. _SEPARATOR is never in parsed text.
+_MARK, _TEXT_MARK, _SEPARATOR = "\udbff\udfff", "\udbff\U0010ffff", "\ud800\udc00"
+_TEXT_MARK_JSON, _ASTRAL_CHAR = b"\\udbff" + "\U0010ffff".encode(), re.compile("([\U00010000-\U0010ffff])")
 # a float whose repr and ECMAScript forms differ (see _ES_LITERALS): integral, or with some exponents
 _FLOAT_FORMS = re.compile(r"\.0[,\]}]|e-0[5-9]|e\+(?:1[6-9]|20)(?![0-9])")
 _SORTED = json.JSONEncoder(
@@ -234,18 +233,22 @@ def _may_mix(data):
     return bool(high and (_ASTRAL_LEAD.search(data) or escaped and _ASTRAL_ESCAPE.search(data)))
 
 
-def _marked_text(text):
-    # JSON text with _MARK around each astral character, escaped ones included: parsed, then written by json.dumps,
-    # its objects come out in UTF-16 key order (the marks then removed).
-    masked = text.replace("\\\\", _SEPARATOR)
-    masked = _MARK.join(_ASTRAL_ESCAPED.split(masked)) if "\\u" in masked else masked
-    return _MARK.join(_ASTRAL_CHAR.split(masked)).replace(_SEPARATOR, "\\\\")
+def _marked_text(data):
+    # UTF-8 JSON text with _TEXT_MARK before each astral character, escaped ones too: parsed, then written by
+    # json.dumps, its objects come out in UTF-16 key order (the marks then removed). Where a mark goes is first noted
+    # by a byte UTF-8 never holds (FF): before each escaped high surrogate, found by one split (escaped backslashes
+    # written \u005c, which parses alike), and before each lead byte, by a replacement each.
+    pieces = _ASTRAL_ESCAPE.split(data.replace(b"\\\\", b"\\u005c")) if b"\\u" in data else [data]
+    data = (b"%s" + b"\xff%s%s" * (len(pieces) // 2)) % tuple(pieces)
+    for lead in (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4"):
+        data = data.replace(lead, b"\xff" + lead)
+    return data.replace(b"\xff", _TEXT_MARK_JSON)
 
 
 def _in_utf16_order(found, make):
     # make() while the keys of the objects in found are marked in place (_MARK), so that json.dumps sorts them in
     # UTF-16 order; then each object's members are restored, in order. Calls in C for each object (map), one split
-    # for all their keys: 50,000 objects cost about 30 ms.
+    # for all their keys.
     saved, counts = list(map(dict.copy, found)), list(map(len, found))
     keys = _MARK.join(_ASTRAL_CHAR.split(_SEPARATOR.join(itertools.chain.from_iterable(found)))).split(_SEPARATOR)
     pairs = zip(keys, itertools.chain.from_iterable(map(dict.values, saved)))
@@ -261,17 +264,18 @@ def _in_utf16_order(found, make):
 def _canonical_text(value, exact_ints=False, marked=None):
     # The RFC 8785 text of a parsed JSON value: json.dumps (in C), with its floats laid out as ECMAScript does. The
     # exact pure-Python path takes a lone scalar and integers that may reach 2^53 (unless the parser refused them:
-    # exact_ints). marked: whether value's keys that need it are marked (strict_parse knows from the raw text);
-    # None: found out here, and if json.dumps's text may need it, that text is marked and parsed again.
+    # exact_ints). marked: the mark value's keys that need it carry (_MARK or _TEXT_MARK), or "" (strict_parse knows
+    # from the raw text); None: found out here, and if json.dumps's text may need it, that text is marked and parsed
+    # again.
     text = _SORTED.encode(value)
     if marked is None and not text.isascii() and _may_mix(text.encode("utf-8", "surrogatepass")):
-        return _canonical_text(json.loads(_marked_text(text)), exact_ints, True)
+        return _canonical_text(json.loads(_marked_text(text.encode("utf-8", "surrogatepass"))), exact_ints, _TEXT_MARK)
     big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
     if big_int or not isinstance(value, (dict, list)):
         text = _jcs(value)
     elif _FLOAT_FORMS.search(text):
         text = _es_floats(text)
-    return text.replace(_MARK, "") if marked else text
+    return text.replace(marked, "") if marked else text
 
 
 def canonical_members(value, exact_ints=False, along=("evidence",), marked=None):
@@ -1478,19 +1482,26 @@ def strict_parse(raw, exact_ints=True, along=("evidence",)):
     for the checks is kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
     try:
         text = raw.decode("utf-8")
-        found = []  # where a key order may differ (_may_mix), the objects of two or more keys: one call in C each
+        containers = text.count("{") + text.count("[")
+        # Where a key order may differ (_may_mix), the text with its astral characters marked: parsed again for the
+        # canonical text (a twin of value) where they are many, as marking an object's keys in place costs about as
+        # much as parsing sixteen containers. Else the objects of two or more keys are found (one call in C each).
+        marked = _marked_text(raw) if _may_mix(raw) else b""
+        twin = 16 * marked.count(_TEXT_MARK_JSON) > containers
+        found = []
         value = json.loads(
             text,  # 16 digits start any integer >= 2^53: only then are integers read one by one
             parse_int=_exact_int if exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK) else None,
             parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
-            object_hook=(lambda obj: len(obj) > 1 and found.append(obj) or obj) if _may_mix(raw) else None,
+            object_hook=(lambda obj: len(obj) > 1 and found.append(obj) or obj) if marked and not twin else None,
         )
-        # Marking an object's keys in place costs about as much as parsing four containers: where the objects to mark
-        # are that many, the text is marked and parsed again instead (a twin of value, for the canonical text only).
-        if found and 4 * len(found) > text.count("{") + text.count("["):
-            members = canonical_members(json.loads(_marked_text(text)), exact_ints, along, True)
+        # without an astral character in a key the orders agree: nothing to mark
+        found = found if _ASTRAL_CHAR.search(_SEPARATOR.join(itertools.chain.from_iterable(found))) else []
+        if twin or 16 * len(found) > containers:
+            members = canonical_members(json.loads(marked), exact_ints, along, _TEXT_MARK)
         else:
-            members = _in_utf16_order(found, lambda: canonical_members(value, exact_ints, along, bool(found)))
+            mark = _MARK if found else ""
+            members = _in_utf16_order(found, lambda: canonical_members(value, exact_ints, along, mark))
         again = members[None]
         again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
     except RequestError:
