@@ -557,6 +557,28 @@ class StrictJson(unittest.TestCase):
         self.refused(("[" + mixed + "]").encode())
         self.assertEqual(va.strict_loads(('["' + "[" * 100 + '"]').encode()), ["[" * 100])
 
+    def test_depth_of_random_shapes_near_the_limit(self):
+        # the check adds up fewer steps (leaves dropped, runs of eight merged): shapes of 28 to 36 levels, with
+        # siblings, runs of every length, strings holding brackets, against a depth counted here
+        rng = __import__("random").Random(32)
+
+        def shape(levels):  # (JSON text, its depth) of a random value at most `levels` deep, a few siblings a level
+            if levels == 0 or rng.random() < 0.05:
+                text = rng.choice(['1', '"]["', '"\\\\"', '"\\"[{"', "[]", "{}"])
+                return text, int(text in ("[]", "{}"))
+            kids = [shape(levels - 1)] + [shape(min(levels - 1, rng.randint(0, 3))) for _ in range(rng.randint(0, 2))]
+            rng.shuffle(kids)
+            if rng.random() < 0.6:
+                return "[%s]" % ",".join(text for text, _ in kids), 1 + max(depth for _, depth in kids)
+            members = ",".join('"k%d":%s' % (i, text) for i, (text, _) in enumerate(kids))
+            return "{%s}" % members, 1 + max(depth for _, depth in kids)
+        for _ in range(1000):
+            text, depth = shape(rng.randint(28, 36))
+            if depth > 32:
+                self.refused(text.encode())
+            else:
+                self.assertEqual(va.strict_loads(text.encode()), json.loads(text))
+
     def test_accepts_valid_pairs_and_numbers(self):
         self.assertEqual(va.strict_loads('{"a": "\\ud83d\\ude00", "b": 1.5e300, "c": -0}'.encode()),
                          {"a": "\U0001f600", "b": 1.5e300, "c": 0})
