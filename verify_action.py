@@ -273,7 +273,7 @@ def _canonical_text(value, exact_ints=False, marked=None):
     big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
     if big_int or not isinstance(value, (dict, list)):
         text = _jcs(value)
-    elif _FLOAT_FORMS.search(text):
+    elif (".0" in text or "e-0" in text or "e+" in text) and _FLOAT_FORMS.search(text):  # literal scans first
         text = _es_floats(text)
     return text.replace(marked, "") if marked else text
 
@@ -1524,10 +1524,14 @@ def strict_parse(raw, exact_ints=True, along=("evidence",)):
         # then "", dropped in one C pass, not a regex match each
         unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
         steps = _BARE_STRING.sub(b"", unescaped.translate(_DEPTH_STEP, _NOT_DEPTH).replace(b'""', b""))
-        # fewer steps to add up, in C: the leaves (an opening step right before a closing one) go, which takes every
-        # depth one lower, then a run of eight like steps becomes one step (the run's end, its deepest point, stays)
-        steps = steps.replace(b"\x01\xff", b"").replace(b"\x01" * 8, b"\x08").replace(b"\xff" * 8, b"\xf8")
-        if 1 + max(itertools.accumulate(memoryview(steps).cast("b")), default=0) > MAX_DEPTH:
+        # fewer steps to add up, in C: the leaves (an opening step right before a closing one) go, each time taking
+        # every depth one lower, while they are a fifth of the steps; then a run of eight like steps becomes one step
+        # (the run's end, its deepest point, stays)
+        lowered, fewer = 0, steps.replace(b"\x01\xff", b"")
+        while 5 * len(fewer) < 4 * len(steps):
+            steps, fewer, lowered = fewer, fewer.replace(b"\x01\xff", b""), lowered + 1
+        steps = steps.replace(b"\x01" * 8, b"\x08").replace(b"\xff" * 8, b"\xf8")
+        if lowered + max(itertools.accumulate(memoryview(steps).cast("b")), default=0) > MAX_DEPTH:
             _bad_json("nesting deeper than %d" % MAX_DEPTH)
     return value, members
 
