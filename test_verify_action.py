@@ -408,6 +408,26 @@ class Issue11Speed(unittest.TestCase):
             self.assertIn(answer(path, body), (V, C, I, U, "invalid_json", "unknown_field", "invalid_request", "isError"),
                           label)
 
+    def test_generic_values_text_drops_the_keys_as_the_escape_aware_pattern_did(self):
+        # keys are found by a plain pattern once escapes are masked; before, a pattern that paired escapes itself,
+        # 5 to 7 times slower (1 MiB: 74 ms). Strings that hold quotes, backslashes, colons and ": must agree,
+        # including its quirk where a string starts with ':' (it then takes '",":' for a key)
+        escape_aware = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*":')
+        rng = __import__("random").Random(7)
+        bits = ["a", ":", '"', "\\", '":', '\\"', ",", "{", "}", "[", " ", "x:y", "\n", "\u00e9", "\x01"]
+        word = lambda: "".join(rng.choice(bits) for _ in range(rng.randint(0, 4)))
+
+        def doc(depth=0):
+            roll = rng.random()
+            if depth > 3 or roll < 0.3:
+                return rng.choice([word(), 1, None, True, 2.5])
+            if roll < 0.5:
+                return [doc(depth + 1) for _ in range(rng.randint(0, 3))]
+            return {word(): doc(depth + 1) for _ in range(rng.randint(0, 4))}
+        for _ in range(3000):
+            text = canonical_json(doc()).decode("utf-8").lower()
+            self.assertEqual(va._values_text(text), escape_aware.sub(" ", text).replace(",", ", "), text)
+
     def test_api_call_reads_only_the_targets_the_claim_names(self):
         request = " ".join("http://h%d.example/p" % i for i in range(2000)) + " bob@example.com"
         ev = {"request": request, "response_status": 200}

@@ -1021,8 +1021,12 @@ def judge_api_call(claim, ev, ev_json=None):
 
 # ---- §3.6 generic ------------------------------------------------------------------------------------------
 
-# a string or other scalar (a value's text); a member's key, in canonical JSON text
-_SCALAR, _JSON_KEY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*'), re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*":')
+# a string or other scalar (a value's text); a member's key, in canonical JSON text and in masked text (_values_text)
+_SCALAR, _JSON_KEY, _MASKED_KEY = (
+    re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*'),
+    re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*":'),
+    re.compile(r'"[^"]*":'),
+)
 _FILLERS = frozenset("not no now still also the a an being set already currently".split())  # never a stated value
 # States: what the claim says a key is (a negation before the word flips it), and how the evidence writes them.
 _CLAIM_STATES = dict(
@@ -1119,6 +1123,18 @@ def _outcome_code(low, values, stated):
     return "outcome_conflict" if (not intent) in reported else "outcome_matches" if intent in reported else None
 
 
+def _values_text(text):
+    # Canonical JSON text without its keys, its values apart from each other. Keys are found by a plain pattern once
+    # escaped backslashes and quotes are masked (as in _es_floats), as every quote left then delimits a string: 5 to 7
+    # times faster than _JSON_KEY, which pairs escapes itself. Where a string may start with ':', _JSON_KEY runs, as it
+    # always did: from the closing quote of a string before such a one it takes '",":' for a key, then goes on from
+    # inside that string.
+    if any(start in text for start in ('{":', '[":', ',":', ':":')) or text.startswith('":'):
+        return _JSON_KEY.sub(" ", text).replace(",", ", ")
+    masked = text.replace("\\\\", "\x01").replace('\\"', "\x02")
+    return _MASKED_KEY.sub(" ", masked).replace("\x02", '\\"').replace("\x01", "\\\\").replace(",", ", ")
+
+
 def judge_generic(claim, ev, ev_json=None):
     """Any object, judged conservatively: at least 3 distinct entities among the evidence's values (a key that
     matches is not support), values the claim states for keys (KEY is VALUE), states it gives keys (enabled X),
@@ -1134,8 +1150,7 @@ def judge_generic(claim, ev, ev_json=None):
     }
     low, matched = [t.lower() for t in toks], []
     if len(entities) >= 3:  # fewer cannot support a verdict: the evidence is not tokenised for them
-        values_text = _JSON_KEY.sub(" ", text).replace(",", ", ")  # values only, apart from each other
-        have = set(_TOKEN.findall(values_text))
+        have = set(_TOKEN.findall(_values_text(text)))
         endings = ("", ".", ",", ":", "/", "!", "?")  # what may follow a value in JSON text or prose
         matched = [e for e in entities if any(e + s in have for s in endings)]
     codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
