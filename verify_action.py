@@ -10,8 +10,8 @@ Deterministic rules that fetch nothing judge whether the evidence is consistent 
 over RFC 8785 canonical JSON) proves which service judged which request, when, with what result: never the claim.
 """
 
-import argparse, base64, collections, gc, hashlib, hmac, html, http, ipaddress, itertools, json, os, re, secrets
-import selectors, socket, stat, sys, threading, time, urllib.parse
+import argparse, base64, collections, gc, hashlib, hmac, html, http, ipaddress, itertools, json, operator, os, re
+import secrets, selectors, socket, stat, sys, threading, time, urllib.parse
 
 # ============================================================================================================
 # §1 Constants, verdicts, reason codes
@@ -389,7 +389,10 @@ _SIZE_UNITS, _EMAIL_LOCAL = (
 # Small pure helpers, one expression each.
 _strip = lambda token: token.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
 _digits = lambda s: s.isascii() and s.isdigit()
-_tokens = lambda text: [t for t in map(_strip, _TOKEN.findall(text)) if t]  # split once, punctuation trimmed
+_tokens = lambda text: list(  # split once, punctuation trimmed (as _strip does), in C
+    filter(None, map(str.lstrip, map(str.rstrip, _TOKEN.findall(text), itertools.repeat(".,:!?*")),
+                     itertools.repeat(",*:!?")))
+)
 _words = lambda text: ((tokens := _tokens(text)), [t.lower() for t in tokens])  # (tokens, the same in lower case)
 # a word and its stems without -ing -ed -es -s (a stem keeps at least 3 letters)
 _variants = lambda w: [w] + [w[: -len(s)] for s in ("ing", "ed", "es", "s") if w.endswith(s) and len(w) - len(s) >= 3]
@@ -460,10 +463,11 @@ _id_noun = lambda t: t.isalpha() and len(t) >= 3 and t not in _NOT_NOUN and not 
 
 
 def _claim_ids(low):
-    # Explicit ids the lower-cased tokens name, as (noun, N): id=N, id N, #N, NAME_id N, user 12345.
-    ids = set()
-    for i, t in enumerate(low):
-        nxt = low[i + 1] if i + 1 < len(low) else ""
+    # Explicit ids the lower-cased tokens name, as (noun, N): id=N, id N, #N, NAME_id N, user 12345. Only tokens that
+    # start with # or id, or come before digits, are looked at (chosen by C calls: a request can hold 100,000 tokens).
+    ids, nexts = set(), low[1:] + [""]
+    looked = map(operator.or_, map(str.startswith, low, itertools.repeat(("#", "id"))), map(str.isdigit, nexts))
+    for t, nxt in itertools.compress(zip(low, nexts), looked):
         if (t.startswith("#") and _digits(t[1:]) and len(t) <= 19) or (
             t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21
         ):
@@ -934,7 +938,12 @@ def judge_file_op(claim, ev, ev_json=None):
 
 # ---- §3.5 api_call -----------------------------------------------------------------------------------------
 
-_URL_KEYS, _EMAIL_KEYS = {"url", "uri", "endpoint", "href"}, {"to", "recipient", "recipients", "email", "cc"}
+# target fields; a path's segment and the next, when that is a number (paths one a line)
+_URL_KEYS, _EMAIL_KEYS, _PATH_ID = (
+    {"url", "uri", "endpoint", "href"},
+    {"to", "recipient", "recipients", "email", "cc"},
+    re.compile(r"([^/\n]*)/(?=([0-9]{1,18})(?:[/\n]|\Z))"),
+)
 
 
 # 'success' or 'failure' when exactly one side has a vote, else None
@@ -972,16 +981,15 @@ def _request_targets(request, wanted):
         if want_emails and (whole or low in _EMAIL_KEYS):
             emails.update(filter(None, map(_email, _tokens(text))))  # 'Eve <eve@x.com>'
         if (want_urls or want_ids) and (whole or low in _URL_KEYS):
-            for host, path in filter(None, (_host_path(*m) for m in _URLS.findall(text))):
+            for host, path in filter(None, (_host_path(*m) for m in set(_URLS.findall(text)))):  # each URL once
                 urls.setdefault(host, set()).add(path)
-                if want_ids:  # /customers/78: ('customer', '78')
-                    segments = path.split("/")
-                    ids.update(
-                        (_singular(a.lower()), b) for a, b in zip(segments, segments[1:]) if _digits(b) and len(b) <= 18
-                    )
         if (low == "id" or low.endswith("_id") or key.endswith("Id")) and _digits(text) and len(text) <= 18:
             ids.add((_singular(low[:-2].rstrip("_")), str(int(text))))
-    return emails, urls, ids | (_claim_ids([t.lower() for t in _tokens(request)]) if whole and want_ids else set())
+    if want_ids:  # in those URLs' paths, /customers/78: ('customer', '78'), found in all the paths at once
+        pairs = _PATH_ID.findall("\n".join(itertools.chain.from_iterable(urls.values())))
+        nouns = map(_singular, map(str.lower, map(operator.itemgetter(0), pairs)))
+        ids.update(zip(nouns, map(operator.itemgetter(1), pairs)))
+    return emails, urls, ids | (_claim_ids(list(map(str.lower, _tokens(request)))) if whole and want_ids else set())
 
 
 def _target_code(wanted, targets):
@@ -990,9 +998,10 @@ def _target_code(wanted, targets):
     code = lambda hit, others: "target_matches" if hit else "target_mismatch" if others else "target_not_in_request"
     results = {code(e in emails, emails) for e in claimed_emails}
     results |= {code(p in urls.get(h, ()) or not p and h in urls, urls) for h, p in claimed_urls}
-    for noun, n in claimed_ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
-        same = {m for k, m in ids if not (k and noun) or k == noun}
-        results.add(code(n in same, same))
+    nouns, numbers = set(map(operator.itemgetter(0), ids)), set(map(operator.itemgetter(1), ids))
+    for noun, n in claimed_ids:  # compared with the request's ids whose noun agrees ('' agrees with any): look-ups
+        hit = ("", n) in ids or (noun, n) in ids if noun else n in numbers
+        results.add(code(hit, "" in nouns or noun in nouns if noun else ids))
     return next((c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results), None)
 
 
