@@ -206,6 +206,9 @@ def adversarial_bodies():
         ("generic: 8 KiB claim of states x 60k keys", "/verify", json.dumps({"claim": " ".join(
             "enabled k%d," % i for i in range(900))[:8000], "evidence": {"k%d" % i: i % 2 == 0 for i in range(60000)}}
         ).encode()),
+        ("generic: 7 KiB of state words, then 32 keys", "/verify", json.dumps({  # each key's nearest word: 100 ms
+            "claim": ("enabled " * 1000)[:7000] + " ".join("k%d" % i for i in range(32)),
+            "evidence": {"k%d" % i: True for i in range(32)}}).encode()),
         ("generic: status keys under nests", "/verify",
          verify("status: ok", '{"a": [', '{"b": {"status": "failed", "ok": false}},', '1]}')),
         ("db_op: 64 KiB SQL of OR terms", "/verify", json.dumps({"claim": "Deleted user 5", "evidence": {

@@ -1087,7 +1087,7 @@ def _claimed_states(low, text, stated):
     candidates = [low[j] for j in near if low[j] not in _CLAIM_STATES and low[j] not in _STOP and low[j] not in stated]
     candidates = [w for w in dict.fromkeys(candidates) if w.replace("_", "a").replace("-", "a").isalnum()][:32]
     keys = [w for w in candidates if '"%s":' % w in text]
-    nearest = lambda key: min(words, key=lambda word: abs(word[0] - low.index(key)))[1]
+    nearest = lambda key: min(words, key=lambda word, at=low.index(key): abs(word[0] - at))[1]  # key found once
     return {key: nearest(key) for key in keys}
 
 
