@@ -1543,7 +1543,7 @@ def strict_parse(raw, exact_ints=True, along=("evidence",)):
     if text.count(":") + escaped_colons != again.count(":"):
         _bad_json("duplicate object key")
     # Depth: the running depth over the brackets outside strings, counted in C.
-    if text.count("[") + text.count("{") > MAX_DEPTH:
+    if containers > MAX_DEPTH:
         # with escaped backslashes and quotes masked, only brackets (as steps) and quotes are kept: most strings are
         # then "", dropped in one C pass, not a regex match each
         unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
