@@ -545,8 +545,13 @@ _DIFF_HEADER = re.compile(
 )
 # The end of a run of lines a hunk may hold (added, removed, context, "\ No newline at end of file", and blank lines:
 # context that lost its space): a newline before any other line. A run always ends before the next @@ line, so
-# runs never overlap: linear.
-_HUNK_END, _HUNK_START = re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)"), ("-", "+", " ", "\\", "\n", "\r\n")
+# runs never overlap: linear. What a hunk body starts with; an @@ line in the usual form, its counts read in C
+# (any other form is read leniently, in Python).
+_HUNK_END, _HUNK_START, _HUNK_COUNTS = (
+    re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)"),
+    ("-", "+", " ", "\\", "\n", "\r\n"),
+    re.compile(r"@@ -[0-9]+(?:,([0-9]{1,9}))? \+[0-9]+(?:,([0-9]{1,9}))?(?: |$)"),
+)
 
 
 def _hunk_body(text, start, header, file, changed):
@@ -557,8 +562,11 @@ def _hunk_body(text, start, header, file, changed):
     if not text.startswith(_HUNK_START, start):
         return start
     # the old and new line counts of '@@ -a,b +c,d @@' (a missing count is 1, a malformed one 0)
-    counts = [p[1:].partition(",")[2] or "1" for p in header.split(" ")[1:3]] + ["0", "0"]
-    old, new = [int(n) if n.isdigit() and n.isascii() and len(n) < 10 else 0 for n in counts[:2]]
+    usual = _HUNK_COUNTS.match(header)
+    old, new = map(int, usual.groups("1")) if usual else [
+        int(n) if n.isdigit() and n.isascii() and len(n) < 10 else 0
+        for n in ([p[1:].partition(",")[2] or "1" for p in header.split(" ")[1:3]] + ["0", "0"])[:2]
+    ]
     stop = _HUNK_END.search(text, start)
     end = stop.start() if stop else len(text)
     lines = text[start:end].split("\n")
