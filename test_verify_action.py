@@ -412,6 +412,26 @@ class Issue11Speed(unittest.TestCase):
         files, changed = va.parse_diff("--- a/x.py\n+++ b/x.py\n@@ -1,3 +1,3 @@\n a\n\n-b\n+B\n\\ No newline\n")
         self.assertEqual(([(f["added"], f["removed"]) for f in files], changed), ([(1, 1)], ["-b", "+B"]))
 
+    def test_hunk_counts_in_the_usual_form_and_any_other(self):
+        # '@@ -a,b +c,d' is read by one regex match; any other form as before, leniently (a missing count is 1, a
+        # malformed one 0): the hunk takes as many lines either way
+        def lenient(header):
+            counts = [p[1:].partition(",")[2] or "1" for p in header.split(" ")[1:3]] + ["0", "0"]
+            return [int(n) if n.isdigit() and n.isascii() and len(n) < 10 else 0 for n in counts[:2]]
+        rng = __import__("random").Random(1)
+        atoms = ["-", "+", "1", "0", "12", "9" * 9, "9" * 10, ",", " ", "@@", "x", "\t", "\u0663", ",,"]
+        body = "".join("%s%d\n" % (sign, i) for i in range(12) for sign in "-+ ")
+        for _ in range(3000):
+            usual = "@@ -%d,%d +%d,%d @@" % tuple(rng.randint(0, 12) for _ in range(4)) + rng.choice(["", " f():"])
+            header = rng.choice([usual, "@@ -1 +1 @@", "@@ " + "".join(rng.choice(atoms) for _ in range(9))])
+            old, new = lenient(header)
+            files, changed = va.parse_diff("--- a/x\n+++ b/x\n" + header + "\n" + body)
+            lines, fit = body.split("\n")[:-1], 0  # the lines the hunk may take, counted here
+            while fit < len(lines) and sum(l[0] in "- " for l in lines[:fit + 1]) <= old and sum(
+                    l[0] in "+ " for l in lines[:fit + 1]) <= new:
+                fit += 1
+            self.assertEqual(changed, [l for l in lines[:fit] if l[0] in "+-"], header)
+
     def test_every_adversarial_body_is_answered(self):
         bodies = adversarial_bodies()
         self.assertGreaterEqual(len(bodies), 20)
