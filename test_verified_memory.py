@@ -9,6 +9,7 @@ Tests that need real OpenSSH call ssh-keygen when it is on PATH and skip cleanly
 """
 
 import array
+import ast
 import base64
 import collections
 import contextlib
@@ -5872,7 +5873,7 @@ def _cold_start(tmp, pack, runs=9):
     console_script = "import sys; sys.path.insert(0, %r); import verified_memory; sys.exit(verified_memory.main())"
     commands = {"script": [sys.executable, SCRIPT, "--pack", pack],
                 "bytecode": [sys.executable, "-c", console_script % cached, "--pack", pack]}
-    times = {"script": [], "bytecode": [], "bare": []}
+    times = {"script": [], "bytecode": [], "bare": [], "imports": []}
     for _ in range(runs):
         for name, command in commands.items():
             start = time.perf_counter()
@@ -5888,7 +5889,18 @@ def _cold_start(tmp, pack, runs=9):
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"])
         times["bare"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import " + ", ".join(_top_level_imports())])
+        times["imports"].append(time.perf_counter() - start)
     return {name: _percentile(values, 50) for name, values in times.items()}
+
+
+def _top_level_imports():
+    """The standard modules verified_memory.py imports at its top, by name."""
+    with open(SCRIPT, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+    return sorted(set(names + [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]))
 
 
 def _bench_ed25519(tmp, count=256):
@@ -6219,6 +6231,8 @@ def bench():
                                                                               cold["script"] / cold["bare"]))
         print("    from cached bytecode (the wheel's script)  %7.1f ms   %.2fx" % (cold["bytecode"] * 1e3,
                                                                                cold["bytecode"] / cold["bare"]))
+        print("    python3 -c 'import' of its %d top-level standard modules, nothing else: %.1f ms   %.2fx"
+              % (len(_top_level_imports()), cold["imports"] * 1e3, cold["imports"] / cold["bare"]))
         _bench_pack("chat (Zipf English words, codes, non-ASCII, metadata)", make_chat_pack(os.path.join(tmp, "chat")))
         pack, vocabulary = make_max_pack(os.path.join(tmp, "uniform"))
         _bench_pack("uniform (made-up words, 2 quotes each)", pack)
