@@ -3166,6 +3166,31 @@ class TestSandboxedServing(McpProcessCase, SignedCase):
                 self.assertGreaterEqual(len(seen["raw opens outside"]), 1)
                 self.assertEqual(set(seen["raw opens outside"]), {-1})
 
+    def test_a_daemon_thread_running_at_exit(self):
+        # the index builder may still run when stdin closes: the interpreter then ends it by pthread_exit, for
+        # which glibc opens libgcc_s; under Landlock that read was refused and glibc aborted the process
+        if landlock_abi() is None:
+            self.skipTest("no Landlock here: %s" % auto_sandbox())
+        done = run_child(DAEMON_AT_EXIT, EXAMPLE)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stderr, "verified-memory: sandbox: %s\n" % auto_sandbox())
+
+
+# A daemon thread busy in Python code when the main thread returns, under the sandbox.
+DAEMON_AT_EXIT = r"""
+import threading, time
+vm.apply_sandbox(sys.argv[1], "auto")
+
+
+def spin():
+    while True:
+        pass
+
+
+threading.Thread(target=spin, daemon=True).start()
+time.sleep(0.05)
+"""
+
 
 class TestSandboxFlag(TempDirCase):
     def check(self, *args):

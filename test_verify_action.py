@@ -2430,6 +2430,17 @@ class SandboxedServing(KeyFilesCase):
         self.assertEqual((done.returncode, json.loads(done.stdout)["result"]), (0, {}))
         self.assertIn(b"threads when restricting: 1\n", done.stderr)
 
+    def test_a_daemon_thread_running_at_exit(self):
+        # a worker still judging when the interpreter exits is ended by pthread_exit, for which glibc opens
+        # libgcc_s; under Landlock that read was refused and glibc aborted the process
+        if landlock_abi() is None:
+            self.skipTest("no Landlock here: %s" % auto_sandbox())
+        code = ("import threading, time\nva.apply_sandbox('on')\n\n\ndef spin():\n    while True:\n        pass\n\n\n"
+                "threading.Thread(target=spin, daemon=True).start()\ntime.sleep(0.05)\n")
+        done = run_child(code)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertNotIn("libgcc_s", done.stderr)
+
 
 class SandboxFlag(unittest.TestCase):
     def stdio(self, *args, code=None):

@@ -1337,6 +1337,16 @@ def landlock_rights(abi):
     return (1 << filesystem) - 1, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0
 
 
+def preload_unwinder(ctypes):
+    """Load glibc's thread unwinder, libgcc_s, while files can still be read. glibc opens it when a thread ends
+    by pthread_exit, as a daemon thread (the index builder) does when the interpreter exits under it; Landlock
+    would refuse that read and glibc abort the process. Where there is no such library, nothing needs it."""
+    try:
+        ctypes.CDLL("libgcc_s.so.1")
+    except OSError:
+        pass
+
+
 def landlock(read_dir):
     """Restrict this thread, and the threads and processes it starts later, to reading `read_dir`'s listing
     and files, with no other filesystem access, no TCP bind or connect, and no abstract Unix sockets or
@@ -1347,6 +1357,7 @@ def landlock(read_dir):
         return None, "no Landlock on %s" % machine
     import ctypes                            # looked up only here, before the audit hook refuses ctypes
     libc, c_u32 = ctypes.CDLL(None, use_errno=True), ctypes.c_uint32
+    preload_unwinder(ctypes)
 
     def checked(result):
         if result < 0:

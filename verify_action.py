@@ -2391,6 +2391,10 @@ def landlock():
         return None, "no Landlock on %s" % machine
     import ctypes  # looked up only here, before the audit hook refuses ctypes
     libc, c_long, c_u32 = ctypes.CDLL(None, use_errno=True), ctypes.c_long, ctypes.c_uint32
+    try:  # glibc opens its thread unwinder when a thread ends by pthread_exit, as a daemon worker does when the
+        ctypes.CDLL("libgcc_s.so.1")  # interpreter exits under it: load it while files can be read, or it aborts
+    except OSError:  # no such library: nothing needs it
+        pass
 
     def call(function, *args):  # variadic C functions: every argument typed, structs as bytes
         result = function(*args)
