@@ -2540,7 +2540,8 @@ class OtherSystems(KeyFilesCase):
         done = subprocess.run(self.child(False) + ["keygen", "--key-file", self.keyfile], capture_output=True,
                               timeout=30)
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(len(va.KeyRing.parse(open(self.keyfile).read()).keys), 2)
+        with open(self.keyfile) as f:
+            self.assertEqual(len(va.KeyRing.parse(f.read()).keys), 2)
 
 
 # ---------------------------------------------------------------------------------------------------
