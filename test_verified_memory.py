@@ -492,6 +492,20 @@ class TestInventory(TempDirCase):
                 make(os.path.join(pack, name))
                 self.assertRefused(pack, expected % repr(name))
 
+    @unittest.skipIf(sys.platform == "win32", "Windows has no O_NOFOLLOW or *at() calls: files are opened by path")
+    def test_pack_files_are_opened_relative_to_the_opened_folder(self):
+        real_open, opened = os.open, []
+
+        def recording_open(path, flags, *args, dir_fd=None, **kwargs):
+            opened.append((path, dir_fd, flags & os.O_NOFOLLOW))
+            return real_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
+        with mock.patch.object(os, "open", recording_open):
+            vm.read_pack(self.pack)
+        self.assertEqual(opened[0], (self.pack, None, os.O_NOFOLLOW))
+        files = sorted(opened[1:])
+        self.assertEqual([name for name, _, _ in files], sorted(os.listdir(self.pack)))
+        self.assertTrue(all(isinstance(dir_fd, int) and nofollow for _, dir_fd, nofollow in files), files)
+
     def test_a_flood_of_files_is_refused_without_reading_them(self):
         for i in range(5000):
             # unreadable files: refusing them must not need to open any of them

@@ -1156,8 +1156,9 @@ def decide(pack, policy, now_ns):
 # relative to the opened folder and never through a link or into a FIFO. Elsewhere (Windows) they are opened
 # by path after lstat refuses links and junctions (the reparse-point attribute). Both ways the open handle
 # must be the very file the listing showed (same st_dev and st_ino), so a swap between the two is refused.
+# os.supports_dir_fd lists os.stat, never os.lstat; lstat takes dir_fd wherever stat does (both are fstatat).
 _DIR_RELATIVE = (all(hasattr(os, name) for name in ("O_NOFOLLOW", "O_NONBLOCK", "O_DIRECTORY"))
-                 and os.lstat in os.supports_dir_fd and os.listdir in os.supports_fd)
+                 and {os.stat, os.open} <= os.supports_dir_fd and os.listdir in os.supports_fd)
 # O_BINARY: Windows opens in text mode by default, which would rewrite line endings and stop at Ctrl-Z.
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
 FILE_ATTRIBUTE_REPARSE_POINT = 0x400          # stat.FILE_ATTRIBUTE_REPARSE_POINT, defined only on Windows
