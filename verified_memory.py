@@ -1675,14 +1675,11 @@ class SearchIndex:
         totals, present = [0] * lanes, [flags] * lanes
         for count in counts:
             vector = int.from_bytes(count, "little")
-            for lane in range(lanes):
-                part = (vector >> 8 * lane) & low
+            for lane, part in enumerate([vector] if lanes == 1 else [vector & low, (vector >> 8) & low]):
                 totals[lane] += part
                 present[lane] &= part + fill  # top bit of a field kept iff every count there is >= 1
-        small = 0
-        for lane in range(lanes):
-            small |= (totals[lane] & (present[lane] - (present[lane] >> top_bit))) << 8 * lane
-        return small.to_bytes(size, "little")
+        shown = [total & (flag - (flag >> top_bit)) for total, flag in zip(totals, present)]
+        return (shown[0] if lanes == 1 else shown[0] | shown[1] << 8).to_bytes(size, "little")
 
     @staticmethod
     def _best(small, top, want):
@@ -1902,7 +1899,7 @@ class ToolServer:
         except RuntimeError as e:
             return None, "verified-memory: %s; restart the server" % e
         matches = b",".join([self.match_json(i, occurrences) for i, occurrences in best])
-        return b'{"matches":[%s],"matched":%d' % (matches, matched) + tail, None
+        return b"".join([b'{"matches":[', matches, b'],"matched":%d' % matched, tail]), None
 
     def match_json(self, i, occurrences):
         """Search match i as JSON: its record's RECORD_FIELDS, then occurrences. A line that begins with exactly
