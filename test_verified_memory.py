@@ -30,6 +30,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unicodedata
 import unittest
@@ -1251,24 +1252,24 @@ def reference_words(text):
 
 def index_over(records, index_class=vm.SearchIndex, *args):
     """A search index over records.jsonl bytes, as a snapshot makes it."""
-    offsets, ids, dates = vm.parse_records(records)
-    return index_class(lambda i: json.loads(records[offsets[i]:offsets[i + 1] - 1]), dates, ids, *args)
+    offsets, ids, dates, blocks = vm.parse_records(records)
+    return index_class(blocks, dates, ids, *args)
 
 
 class EarlyAnswers(vm.SearchIndex):
     """An index that, at a few points of its build, answers `queries` the way it answers a search asked
     before the index is complete: when 1 record, half of them and all but one are indexed."""
 
-    def __init__(self, record, dates, ids, queries):
-        super().__init__(record, dates, ids)
+    def __init__(self, blocks, dates, ids, queries):
+        super().__init__(blocks, dates, ids)
         self.queries, self.indexed, self.early = [[w.encode() for w in query] for query in queries], 0, []
         self.checkpoints = {1, len(ids) // 2, len(ids) - 1}
 
-    def _between(self, postings, record, done):
+    def _between(self, postings, blocks, texts, done):
         self.indexed += 1
         if self.indexed in self.checkpoints:
-            self.early.append([self._early(query, 10, postings, record, done) for query in self.queries])
-        super()._between(postings, record, done)
+            self.early.append([self._early(query, 10, postings, blocks, texts, done) for query in self.queries])
+        super()._between(postings, blocks, texts, done)
 
 
 class TestSearchIndexPaths(SearchCase):
@@ -1415,9 +1416,54 @@ class TestSearchIndexPaths(SearchCase):
             early = index.search(query)
             index._ready.wait()
             self.assertEqual((index.early, early), (1, index.search(query)), query)
-        failing = AnswersEarly(lambda i: {}["missing"], [0], ["M-1"])
-        with self.assertRaisesRegex(RuntimeError, r"could not be built \(KeyError\)"):
+        failing = AnswersEarly([None], [0], ["M-1"])
+        with self.assertRaisesRegex(RuntimeError, r"could not be built \(AttributeError\)"):
             failing.search(["a"])             # asked, then released by the failure: no hang
+
+    def test_a_word_two_to_the_18_times_in_one_record_gets_64_bit_keys(self):
+        records = [{"statement": " ".join(["a"] * (1 << 18)), "topic": "t", "evidence": [{"quote": "q"}]},
+                   {"statement": "a b", "topic": "t", "evidence": [{"quote": "q"}]}]
+        blocks = [vm._text_block([vm.search_text(record) for record in records])]
+        probe = EarlyAnswers(blocks, [0, 1], ["M-1", "M-2"], [["a"], ["b", "a"]])
+        probe.start()
+        probe._ready.wait()
+        self.assertIsNone(probe.failure)
+        self.assertEqual(probe.postings[b"a"].typecode, "Q")
+        self.assertEqual(probe.search(["a"]), (2, [(0, 1 << 18), (1, 1)]))
+        self.assertEqual(probe.early, [[probe._lookup([b"a"], 10), probe._lookup([b"b", b"a"], 10)]])
+
+    def test_a_failed_early_answer_releases_its_search(self):
+        class FailsEarly(vm.SearchIndex):
+            def _build(self):                 # starts only once a search waits, so that search is early
+                while not self._asked:
+                    time.sleep(0.001)
+                super()._build()
+
+            def _early(self, *args):
+                raise MemoryError
+        texts = [vm.search_text({"statement": "a b", "topic": "t", "evidence": [{"quote": "q"}]})] * 3
+        index = FailsEarly([vm._text_block(texts)], [0, 1, 2], ["M-1", "M-2", "M-3"])
+        outcome = []
+
+        def ask():
+            try:
+                index.search(["a"])
+            except RuntimeError as e:
+                outcome.append(str(e))
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        asker.join(10)
+        self.assertFalse(asker.is_alive(), "a search asked before a failed early answer hangs")
+        self.assertEqual(outcome, ["the search index could not be built (MemoryError)"])
+
+    def test_case_folding_one_character_at_a_time_is_exact(self):
+        # search folds each distinct non-ASCII character on its own: exact because str.casefold() has no
+        # context and every character it yields folds to itself, in this Python's Unicode data
+        changed = [chr(code) for code in range(0x110000) if chr(code).casefold() != chr(code)]
+        self.assertEqual([char for char in set("".join(map(str.casefold, changed))) if char.casefold() != char], [])
+        for k in range(0, len(changed), 25):
+            text = "A" + "x ".join(changed[k:k + 25]) + "\u0345" + "".join(changed[k:k + 25]) + "\u0301"
+            self.assertEqual(vm.search_words(text), reference_words(text), repr(text))
 
     def test_search_words_is_the_regular_expression(self):
         rng = random.Random(6)
@@ -1442,10 +1488,10 @@ class TestSourceWarnings(unittest.TestCase):
 class TestSearchIndexFailure(TempDirCase):
     def test_a_failed_index_build_is_a_tool_error_not_a_hang(self):
         snapshot = self.load(EXAMPLE)
-        snapshot.index = vm.SearchIndex(lambda i: {}["missing"], [0], ["M-1"])     # the build raises KeyError
+        snapshot.index = vm.SearchIndex([None], [0], ["M-1"])     # decoding None raises AttributeError
         tools = vm.ToolServer(snapshot, lambda: NOW)
         self.assertEqual(tools.call("verified_memory_search", {"query": "garden"}),
-                         (None, "verified-memory: the search index could not be built (KeyError); restart the server"))
+                         (None, "verified-memory: the search index could not be built (AttributeError); restart the server"))
         self.assertTrue(tools.call("verified_memory_get", {"id": "M-garden-1"})[0]["found"])   # get needs no index
 
     def test_a_failure_after_the_records_are_read_is_reported_too(self):

@@ -44,8 +44,8 @@ import time
 import unicodedata
 from bisect import bisect_left
 from collections import Counter, defaultdict, namedtuple
-from itertools import repeat
-from operator import and_, itemgetter, rshift
+from itertools import compress, repeat
+from operator import and_, itemgetter, lshift, or_, rshift
 
 # ============================================================================
 # §1 Constants and limits
@@ -61,6 +61,7 @@ OPTIONAL_FILES = (PACK_JSON, SIGNATURE)
 FILE_LIMITS = {RECORDS: 16 << 20, MEMORY: 16 << 20, README: 16 << 20,
                MANIFEST: 4096, SIGNATURE: 4096, PACK_JSON: 4096}
 MAX_RECORDS = 10000
+BLOCK_RECORDS = 256           # records whose search texts are kept as one bytes, until indexed
 MAX_HOST_FILE_BYTES = 64 << 10           # --trusted-keys and --revoked-keys files
 MAX_MESSAGE_BYTES = 1 << 20              # one JSON-RPC line on stdin
 MAX_BATCH = 32                           # JSON-RPC messages in one 2025-03-26 batch
@@ -749,12 +750,27 @@ def _citation_shape(citation, line, at):
     raise PackError("is not a citation field", RECORDS, line, at + "." + sorted(set(citation) - _CITATION_KEYS)[0])
 
 
+def search_text(record):
+    """What search reads of a record: its statement, topic and quotes, one a line, with a line break at either
+    end (NFKC and case folding keep it) so that once folded every word has a space before and after it."""
+    return "\n".join(["", record["statement"], record["topic"]] + [c["quote"] for c in record["evidence"]] + [""])
+
+
+def _text_block(texts):
+    """Search texts -> their UTF-8 with b"\\xff", which UTF-8 never holds, between two. Kept compact (as a str,
+    a text with one emoji takes 4 bytes a character) and in one allocation, freed whole."""
+    return b"\xff".join([text.encode("utf-8") for text in texts])
+
+
 def parse_records(data):
-    """records.jsonl bytes -> (line offsets, record ids, date_last_utc instants).
+    """records.jsonl bytes -> (line offsets, record ids, date_last_utc instants, search text blocks).
 
     UTF-8, LF endings, one object per line, no blank lines, 1 to 10,000
     records, unique record_id. Only the offsets of the verified bytes are kept,
-    so the snapshot holds the raw file once instead of a dict per record.
+    so the snapshot holds the raw file once instead of a dict per record. The
+    search texts are taken while each record is parsed anyway, BLOCK_RECORDS
+    in each block (_text_block): the index folds them and lets them go, and
+    never has to parse a record again.
     """
     if data.startswith(b"\xef\xbb\xbf"):
         raise PackError("starts with a byte order mark", RECORDS, 1)
@@ -762,7 +778,7 @@ def parse_records(data):
         raise PackError("has no records; a pack needs at least one", RECORDS)
     if not data.endswith(b"\n"):
         raise PackError("must end with a newline", RECORDS, data.count(b"\n") + 1)
-    offsets, ids, dates, seen, times = array.array("L", [0]), [], [], {}, {}
+    offsets, ids, dates, blocks, texts, seen, times = array.array("L", [0]), [], [], [], [], {}, {}
     start, number = 0, 0
     while start < len(data):
         end = data.index(b"\n", start)
@@ -786,9 +802,15 @@ def parse_records(data):
         seen[record_id] = number
         ids.append(record_id)
         dates.append(last)
+        texts.append(search_text(record))
+        if len(texts) == BLOCK_RECORDS:
+            blocks.append(_text_block(texts))
+            texts = []
         start = end + 1
         offsets.append(start)
-    return offsets, ids, dates
+    if texts:
+        blocks.append(_text_block(texts))
+    return offsets, ids, dates, blocks
 
 
 class PackDates:
@@ -830,7 +852,7 @@ def parse_pack_json(data):
 
 class VerifiedPack:
     """What the pure checks established about a pack's bytes."""
-    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "pack_dates", "signer")
+    __slots__ = ("manifest_sha256", "records", "offsets", "ids", "dates", "text_blocks", "pack_dates", "signer")
 
 
 def verify_pack_files(files):
@@ -854,7 +876,7 @@ def verify_pack_files(files):
     pack = VerifiedPack()
     pack.manifest_sha256 = hashlib.sha256(manifest).hexdigest()
     pack.records = files[RECORDS]
-    pack.offsets, pack.ids, pack.dates = parse_records(pack.records)
+    pack.offsets, pack.ids, pack.dates, pack.text_blocks = parse_records(pack.records)
     pack.pack_dates = parse_pack_json(files[PACK_JSON]) if PACK_JSON in files else None
     pack.signer = verify_sshsig(files[SIGNATURE], manifest) if SIGNATURE in files else None
     return pack
@@ -1290,7 +1312,7 @@ class PackSnapshot:
         self.ids = {record_id: i for i, record_id in enumerate(pack.ids)}
         self.pack_dates = pack.pack_dates
         self.pack = {"sha256sums_sha256": pack.manifest_sha256, "records": len(pack.ids)}
-        self.index = SearchIndex(self.record, pack.dates, pack.ids)
+        self.index = SearchIndex(pack.text_blocks, pack.dates, pack.ids)
 
     def record(self, i):
         """A fresh copy of record i, parsed from the verified bytes."""
@@ -1434,32 +1456,41 @@ def apply_sandbox(read_dir, mode):
 # ============================================================================
 
 PLACE_BITS, PLACE_MASK = 14, (1 << 14) - 1   # places < 16384 > MAX_RECORDS
-# bytes.translate table: every ASCII byte that is not a word character (\w) becomes a space.
-_SEPARATORS = bytes(byte if byte > 127 or chr(byte).isalnum() or byte == 95 else 32 for byte in range(256))
+# bytes.translate table: ASCII capitals become small letters, and every other ASCII byte that is not a word
+# character (\w) becomes a space.
+_WORD_BYTES = bytes(byte if byte > 127 or chr(byte).isalnum() or byte == 95 else 32
+                    for byte in bytes(range(256)).lower())
 _ASCII = bytes(range(128))
 
 
 def _folded(text):
-    """text -> UTF-8 of its NFKC-normalised, case-folded form in which every non-ASCII character that is not
-    a word character (\\w: alphanumeric or _) is a space; bytes.translate(_SEPARATORS) does the ASCII ones.
+    """text -> UTF-8 of its NFKC-normalised, case-folded form in which every character that is not a word
+    character (\\w: alphanumeric or _) is a space.
 
-    C-speed passes instead of a regular expression: each distinct non-ASCII character is checked once.
+    C-speed passes instead of a regular expression: a bytes.translate() folds the ASCII letters and spaces the
+    other ASCII bytes, and only when the other characters are not all lower-case letters already is each
+    distinct one of them folded and checked. Folding one character at a time is exact: str.casefold() has no
+    context, and every character it yields folds to itself.
     """
-    folded = unicodedata.normalize("NFKC", text).casefold().encode("utf-8", "surrogatepass")
-    for char in set(folded.translate(None, _ASCII).decode("utf-8", "surrogatepass")):
-        if not char.isalnum():
-            folded = folded.replace(char.encode("utf-8", "surrogatepass"), b" ")
-    return folded
+    folded = unicodedata.normalize("NFKC", text).encode("utf-8", "surrogatepass")
+    others = folded.translate(None, _ASCII).decode("utf-8", "surrogatepass")
+    if others and not (others.isalnum() and others.casefold() == others):
+        for char in set(others):
+            fold = char.casefold()
+            if fold != char or not char.isalnum():
+                kept = "".join(c if c < "\x80" or c.isalnum() else " " for c in fold)
+                folded = folded.replace(char.encode("utf-8", "surrogatepass"), kept.encode("utf-8", "surrogatepass"))
+    return folded.translate(_WORD_BYTES)
 
 
 def search_words(text):
     """NFKC-normalised, case-folded words (the runs of \\w characters), in order."""
-    return _folded(text).translate(_SEPARATORS).decode("utf-8", "surrogatepass").split()
+    return _folded(text).decode("utf-8", "surrogatepass").split()
 
 
-def _text(record):
-    """What search reads of a record: its statement, topic and quotes."""
-    return "\n".join([record["statement"], record["topic"]] + [citation["quote"] for citation in record["evidence"]])
+def _folded_block(block):
+    """A block of search texts (_text_block) -> the folded text of each, in order."""
+    return [_folded(text.decode("utf-8")) for text in block.split(b"\xff")]
 
 
 def _by_place(keys):
@@ -1477,13 +1508,16 @@ class SearchIndex:
     of common words is then a few big-integer sums and masks over all records at C speed, and its
     best records are read off one byte per place, not found by a loop over thousands of matches.
 
-    A search that comes before the index is complete is answered by the building thread between two
-    records: from the postings for the records done, and by normalising the other records' texts.
-    Every way, the answer is exactly that of a linear scan.
+    The records' search texts come in blocks of UTF-8 (_text_block), taken when the pack was verified, so
+    that no record is parsed again. The build folds a block (NFKC, case folding, separators), indexes its
+    records and lets the block go, the last block first. A search that comes before the index is complete
+    is answered by the building thread between two records: from the postings for the records done, and
+    by folding the other records' texts and counting the words at C speed. Every way, the answer is
+    exactly that of a linear scan.
     """
 
-    def __init__(self, record, dates, ids):
-        self._source = (record, dates, ids)
+    def __init__(self, blocks, dates, ids):
+        self._source = (blocks, dates, ids)
         self._lock, self._ready, self._started, self._asked = threading.Lock(), threading.Event(), False, []
         self.postings, self.failure, self.dense, self.lane_masks = None, None, {}, {}
 
@@ -1495,20 +1529,23 @@ class SearchIndex:
 
     def _build(self):
         try:
-            record, dates, ids = self._source
-            self.by_place = sorted(range(len(ids)), key=lambda i: (-dates[i], ids[i]))[::-1]   # worst rank first
+            blocks, dates, ids = self._source
+            self.by_place = sorted(range(len(ids)), key=ids.__getitem__, reverse=True)
+            self.by_place.sort(key=dates.__getitem__)     # worst rank first: oldest, then highest record ID
             self.place_of = array.array("H", sorted(range(len(ids)), key=self.by_place.__getitem__))
             postings = {}
             get = postings.get
-            for i in range(len(ids) - 1, -1, -1):
-                for word, count in Counter(_folded(_text(record(i))).translate(_SEPARATORS).split()).items():
-                    keys = get(word) or postings.setdefault(word, array.array("I"))   # never empty once made
-                    try:
-                        keys.append(count << PLACE_BITS | self.place_of[i])
-                    except OverflowError:         # 2**18 occurrences in one record: 64-bit keys for this word
-                        keys = postings[word] = array.array("Q", keys)
-                        keys.append(count << PLACE_BITS | self.place_of[i])
-                self._between(postings, record, i)
+            for k in range(len(blocks) - 1, -1, -1):
+                texts, blocks[k], first = _folded_block(blocks[k]), None, k * BLOCK_RECORDS
+                for i in range(first + len(texts) - 1, first - 1, -1):
+                    for word, count in Counter(texts[i - first].split()).items():
+                        keys = get(word) or postings.setdefault(word, array.array("I"))   # never empty once made
+                        try:
+                            keys.append(count << PLACE_BITS | self.place_of[i])
+                        except OverflowError:     # 2**18 occurrences in one record: 64-bit keys for this word
+                            keys = postings[word] = array.array("Q", keys)
+                            keys.append(count << PLACE_BITS | self.place_of[i])
+                    self._between(postings, blocks, texts, i)
             self._densify(postings, len(ids))
             self.postings = postings
         except BaseException as e:            # e.g. MemoryError: reported by search(), never a hang
@@ -1520,29 +1557,37 @@ class SearchIndex:
             for request in self._asked:       # asked just now: answered from the finished index
                 request[2].set()
 
-    def _between(self, postings, record, done):
-        """Between two records (`done` and those after it are indexed): answer the searches asked meanwhile."""
-        if self._asked:
+    def _between(self, postings, blocks, texts, done):
+        """Between two records (`done` and those after it are indexed): answer the searches asked meanwhile.
+        The records not yet indexed are those of the `blocks` still there, then the first of the block being
+        indexed, whose folded `texts` are at hand."""
+        while self._asked:                    # listed until answered: a failure releases it with the others
+            request = self._asked[0]
+            request[3] = self._early(request[0], request[1], postings, blocks, texts, done)
             with self._lock:
-                asked, self._asked = self._asked, []
-            for request in asked:
-                request[3] = self._early(request[0], request[1], postings, record, done)
-                request[2].set()
+                self._asked.remove(request)
+            request[2].set()
 
-    def _early(self, words, limit, postings, record, done):
-        """The answer before the index is complete: from the keys of the records indexed; for the others (0 to
-        `done` - 1) by bytes.count of b" w " in each normalised text once its spaces are doubled, so that
-        every word has two of its own (a linear scan of what is left)."""
+    def _early(self, words, limit, postings, blocks, texts, done):
+        """The answer before the index is complete: from the keys of the records indexed, and for the others
+        (0 to `done` - 1) by folding their texts, a block at a time. A word is in a text iff b" w " is; to
+        count it, the texts that hold every word get their spaces doubled, so that no two words share one."""
         found = [_by_place(postings.get(word, ())) for word in words]
         indexed = found[0]
         for counts in found[1:]:
             indexed = {place: total + counts[place] for place, total in indexed.items() if place in counts}
         best = [total << PLACE_BITS | place for place, total in indexed.items()]
-        for i in range(done):
-            spaced = b" %s " % _folded(_text(record(i))).translate(_SEPARATORS).replace(b" ", b"  ")
-            counts = [spaced.count(b" %s " % word) for word in words]
-            if all(counts):
-                best.append(sum(counts) << PLACE_BITS | self.place_of[i])
+        patterns = [b" %s " % word for word in words]
+        for first in range(0, done, BLOCK_RECORDS):
+            places = range(first, min(done, first + BLOCK_RECORDS))
+            unfolded = blocks[first // BLOCK_RECORDS]
+            block = texts[:len(places)] if unfolded is None else _folded_block(unfolded)
+            for pattern in patterns:
+                present = [pattern in text for text in block]
+                places, block = list(compress(places, present)), list(compress(block, present))
+            spaced = [text.replace(b" ", b"  ") for text in block]
+            totals = map(sum, zip(*[map(bytes.count, spaced, repeat(pattern)) for pattern in patterns]))
+            best += map(or_, map(lshift, totals, repeat(PLACE_BITS)), map(self.place_of.__getitem__, places))
         best.sort(reverse=True)
         return len(best), best[:limit]
 
