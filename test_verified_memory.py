@@ -1456,6 +1456,29 @@ class TestSearchIndexPaths(SearchCase):
         self.assertFalse(asker.is_alive(), "a search asked before a failed early answer hangs")
         self.assertEqual(outcome, ["the search index could not be built (MemoryError)"])
 
+    def test_an_early_answer_folds_every_text_that_may_hold_the_words(self):
+        # without folding, a text is passed over only when an ASCII word is not in its bytes lowered and
+        # none of its characters folds into ASCII; every text whose folded words hold them all is kept
+        rng, skipped = random.Random(11), 0
+        alphabet = ("aAbBkKsSiIe1 _-.\n\u00df\ufb01\u00bd\u2116\uff45\uff2b\U0001d41e\u212a\u017f\u0130\u01c6"
+                    "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044")
+        for _ in range(40):
+            texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(50)]
+            block = vm._text_block([vm.search_text({"statement": text, "topic": "t", "evidence": [{"quote": "q"}]})
+                                    for text in texts])
+            words = [vm.search_words(text) for text in texts]
+            vocabulary = sorted({w for ws in words for w in ws if w.isascii()}) + ["k", "ss", "fi", "zz"]
+            for _ in range(20):
+                query = [w.encode() for w in rng.sample(vocabulary, rng.randint(1, 2))]
+                kept, folded = vm._candidates(block, query)
+                holds = [all(w.decode() in ws for w in query) for ws in words]
+                self.assertEqual([k for k, h in zip(kept, holds) if h and not k], [], (texts, query))
+                self.assertEqual(folded, [vm._folded(vm.search_text({"statement": text, "topic": "t",
+                                                                     "evidence": [{"quote": "q"}]}))
+                                          for text, k in zip(texts, kept) if k])
+                skipped += len(kept) - sum(kept)
+        self.assertGreater(skipped, 2000)         # and texts are passed over unfolded
+
     def test_case_folding_one_character_at_a_time_is_exact(self):
         # search folds each distinct non-ASCII character on its own: exact because str.casefold() has no
         # context and every character it yields folds to itself, in this Python's Unicode data

@@ -1493,6 +1493,32 @@ def _folded_block(block):
     return [_folded(text.decode("utf-8")) for text in block.split(b"\xff")]
 
 
+@functools.lru_cache(maxsize=None)
+def _folds_into_ascii(char):
+    """Whether a non-ASCII character, normalised and folded, yields ASCII letters, digits or _ (fullwidth
+    forms, ligatures, the Kelvin sign, long s...)."""
+    return bool(_folded(char).translate(None, bytes(range(128, 256)) + b" "))
+
+
+def _candidates(block, ascii_words):
+    """A block of search texts (_text_block) -> which of its texts may hold every one of `ascii_words` once
+    folded (a list of booleans), and those texts folded. A text may not when one of the words is not in its
+    bytes with ASCII capitals lowered and none of its characters folds into ASCII: then every ASCII letter,
+    digit or _ of its folded text is one of its own bytes lowered, in the same order, with nothing new
+    between (NFKC and case folding add no character that none of those characters yields alone)."""
+    texts = block.split(b"\xff")
+    kept = [True] * len(texts)
+    if ascii_words:
+        lowered = block.lower().split(b"\xff")
+        for word in ascii_words:
+            kept = [k and word in text for k, text in zip(kept, lowered)]
+        others = [text.translate(None, _ASCII).decode("utf-8") for text in texts]    # short
+        into_ascii = set(filter(_folds_into_ascii, set("".join(others))))
+        if into_ascii:
+            kept = [k or not into_ascii.isdisjoint(other) for k, other in zip(kept, others)]
+    return kept, [_folded(text.decode("utf-8")) for text in compress(texts, kept)]
+
+
 def _by_place(keys):
     """A word's keys -> {place: occurrences}."""
     return dict(zip(map(and_, keys, repeat(PLACE_MASK)), map(rshift, keys, repeat(PLACE_BITS))))
@@ -1577,11 +1603,15 @@ class SearchIndex:
         for counts in found[1:]:
             indexed = {place: total + counts[place] for place, total in indexed.items() if place in counts}
         best = [total << PLACE_BITS | place for place, total in indexed.items()]
-        patterns = [b" %s " % word for word in words]
+        patterns, ascii_words = [b" %s " % word for word in words], [word for word in words if word.isascii()]
         for first in range(0, done, BLOCK_RECORDS):
             places = range(first, min(done, first + BLOCK_RECORDS))
             unfolded = blocks[first // BLOCK_RECORDS]
-            block = texts[:len(places)] if unfolded is None else _folded_block(unfolded)
+            if unfolded is None:
+                block = texts[:len(places)]
+            else:
+                kept, block = _candidates(unfolded, ascii_words)
+                places = list(compress(places, kept))
             for pattern in patterns:
                 present = [pattern in text for text in block]
                 places, block = list(compress(places, present)), list(compress(block, present))
