@@ -301,13 +301,29 @@ def canonical_members(value, exact_ints=False, along=("evidence",), marked=None)
 
 # ---- §3.1 Words, tokens and the things a claim names -------------------------------------------------------
 
-_TOKEN, _ALPHA = re.compile(r"[^\s`'\"();<>\[\]{}|]+"), re.compile(r"[a-z]+")
-# a URL's netloc, then its path (the classes never overlap); words of code, camelCase and CAPS split (it backtracks
-# one character at most)
-_URLS, _CODE_WORD = (
-    re.compile(r"(?i)\bhttps?://([^/?#\s\"'<>]*)(/[^?#\s\"'<>]*)?"),
-    re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+"),
+# a token: a run of characters other than spaces, quotes and brackets. ASCII text is split by str methods instead,
+# several times faster than the pattern and with the same tokens (str.split's whitespace is the pattern's \s).
+_TOKEN, _UNQUOTED = re.compile(r"[^\s`'\"();<>\[\]{}|]+"), str.maketrans("`'\"();<>[]{}|", " " * 13)
+# An http(s) URL's host and path. The netloc ends at / ? # or a space, and its user info at its last @. After it, an
+# IPv6 host is what follows '[' up to the first ']' (with no ']', up to the netloc's last character, which is left
+# out), and any other host is what comes before a port's ':'. Each quantifier backtracks over one run at most.
+_URLS = re.compile(
+    r"(?i)\bhttps?://(?:[^/?#\s\"'<>]*@)?\[?"
+    r"((?<=\[)(?:[^/?#\s\"'<>@\]]*(?=[^/?#\s\"'<>@]))?|(?<!\[)[^/?#\s\"'<>:]*)"
+    r"[^/?#\s\"'<>]*(/[^?#\s\"'<>]*)?"
 )
+# An email address: a local part of letters, digits and ._+-%, then a domain of letters, digits, '.' and '-' that
+# holds a '.' and neither starts nor ends with one. Alone (a token), and within text as a whole token, which may
+# carry the sentence punctuation _tokens strips.
+_EMAIL_SHAPE = (
+    r"[\w.+%-]+@(?=(?:[^\W_]|-)+\.(?:[^\W_]|[.-])*(?:[^\W_]|-))(?:[^\W_]|-)(?:[^\W_]|[.-])*(?:[^\W_]|-)"
+)
+_EMAIL, _EMAILS = (
+    re.compile(_EMAIL_SHAPE),
+    re.compile(r"(?<![^\s`'\"();<>\[\]{}|])[,*:!?]*(%s)[.,:!?*]*(?![^\s`'\"();<>\[\]{}|])" % _EMAIL_SHAPE),
+)
+# words of code, camelCase and CAPS split (it backtracks one character at most)
+_CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
 _SQL_TOKEN, _SQL_SKIP = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*|[0-9]+|<>|!=|<=|>=|\S"), re.compile(r"['\"`]|--|/\*")
 EXTENSIONS = frozenset("""py js ts tsx jsx go rs c h cc cpp hpp java kt rb php cs swift m sh bash md txt json yaml
     yml toml ini cfg conf html htm css scss sql xml csv tsv lock log env gradle mk r scala lua pl proto dart vue
@@ -378,19 +394,22 @@ _STATUS_OK, _STATUS_FAIL = (frozenset(words.split()) for words in (
     "ok success succeeded successful sent delivered accepted created completed done",
     "error failed failure fail rejected bounced denied invalid"))
 _STATUS_KEYS, _ARTICLES = frozenset("status state result outcome conclusion".split()), ("the", "a", "an", "file")
+# one of those status words as a whole word of lower-case text (a run of a-z): a search stops at the first
+_STATUS_OK_WORD, _STATUS_FAIL_WORD = (re.compile(r"(?<![a-z])(?:%s)(?![a-z])" % "|".join(sorted(words)))
+                                      for words in (_STATUS_OK, _STATUS_FAIL))
 _NOT_NOUN = _STOP | _NOT_ID | _ALL_VERBS | _OK_WORDS | _FAIL_WORDS | _STATUS_OK  # never the noun of 'user 5'
-# bytes a size unit means; the characters an email's local part may hold besides letters and digits
-_SIZE_UNITS, _EMAIL_LOCAL = (
-    {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10**6, "mib": 1 << 20, "gb": 10**9, "gib": 1 << 30},
-    {ord(c): "a" for c in "._+-%"},
-)
+# bytes a size unit means
+_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10**6, "mib": 1 << 20, "gb": 10**9,
+               "gib": 1 << 30}
 
 
 # Small pure helpers, one expression each.
 _strip = lambda token: token.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
 _digits = lambda s: s.isascii() and s.isdigit()
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_raw_tokens = lambda text: text.translate(_UNQUOTED).split() if text.isascii() else _TOKEN.findall(text)
 _tokens = lambda text: list(  # split once, punctuation trimmed (as _strip does), in C
-    filter(None, map(str.lstrip, map(str.rstrip, _TOKEN.findall(text), itertools.repeat(".,:!?*")),
+    filter(None, map(str.lstrip, map(str.rstrip, _raw_tokens(text), itertools.repeat(".,:!?*")),
                      itertools.repeat(",*:!?")))
 )
 _words = lambda text: ((tokens := _tokens(text)), [t.lower() for t in tokens])  # (tokens, the same in lower case)
@@ -420,28 +439,24 @@ def _identifier(tok, explicit=False):
     return tok if explicit or camel or "_" in tok.strip("_") else None
 
 
-def _email(tok):
-    # The address in lower case if tok is an email address, else None.
-    local, at, domain = tok.partition("@")
-    ok = (
-        at and local and local.translate(_EMAIL_LOCAL).isalnum()
-        and "." in domain.strip(".") and not domain.startswith(".") and not domain.endswith(".")
-        and domain.replace(".", "a").replace("-", "a").isalnum()
-    )
-    return tok.lower() if ok else None
-
-
-def _host_path(netloc, path):
-    # (host in lower case, path without a trailing '/'), or None without a host.
-    host = netloc.rpartition("@")[2]  # no user info; no port; an IPv6 address without its brackets
-    host = host[1 : host.find("]")] if host[:1] == "[" else host.partition(":")[0]
-    return (host.lower(), path.rstrip("/")) if host else None
+# the address in lower case if tok is an email address, else None
+_email = lambda tok: tok.lower() if _EMAIL.fullmatch(tok) else None
+# the email addresses among text's tokens, in lower case: one C pass, however many tokens
+_emails_in = lambda text: set(map(str.lower, _EMAILS.findall(text)))
 
 
 def _url(tok):
-    # (host, path) if tok is an http(s) URL, else None.
+    # (host in lower case, path without a trailing '/') if tok starts with an http(s) URL that has a host, else None.
     match = _URLS.match(tok)
-    return match and _host_path(match.group(1), match.group(2) or "")
+    return (match.group(1).lower(), (match.group(2) or "").rstrip("/")) if match and match.group(1) else None
+
+
+def _urls_in(text):
+    # {(host, path)} of every http(s) URL in text that has a host, each read as _url reads one: C passes over the
+    # matches, however many URLs.
+    found = set(_URLS.findall(text))  # each URL once
+    hosts, paths = list(map(str.lower, map(_FIRST, found))), map(str.rstrip, map(_SECOND, found), itertools.repeat("/"))
+    return set(itertools.compress(zip(hosts, paths), hosts))
 
 
 def _pathish(tok):
@@ -458,24 +473,31 @@ def _pathish(tok):
 # the claimed path is path or a whole-component suffix of it (a.py never matches data.py)
 _suffix_of = lambda claimed, path: bool(claimed) and (path == claimed or path.endswith("/" + claimed))
 _singular = lambda n: n[:-3] + "y" if n.endswith("ies") else n[:-1] if n.endswith("s") and n[-2:] != "ss" else n
-# the noun of an explicit id ('user 12345'): not a stopword, verb or past participle
-_id_noun = lambda t: t.isalpha() and len(t) >= 3 and t not in _NOT_NOUN and not (t.endswith("ed") and len(t) > 4)
+# Explicit ids in lower-cased tokens joined one a line, as (name, N): '#N', 'id=N' and 'id:N' (name ''), or a token
+# and the number token after it (name: that token), N of 1 to 18 digits and written without leading zeros. A name
+# is kept when it is 'id', ends in _id, or is a noun of at least 3 letters (never a stopword, verb or past
+# participle: 'user 5' yes, 'added 5' no).
+_ID_ROWS, _ID_NAME, _NOUN_LENGTH = (
+    re.compile(r"\n(?:#|id[=:]|([^\n]*)\n)(?=[0-9]{1,18}\n)0*([0-9]+)"),
+    re.compile(r"((?:.*_)?id)?"),
+    re.compile(r".{3,4}|.{5,}(?<!ed)"),
+)
+
+
+def _id_rows(low):
+    # {(name, N)} of the explicit ids among the lower-cased tokens low: one pattern over them all, then the names
+    # judged once each by C calls (a request can hold 100,000 tokens).
+    rows = set(_ID_ROWS.findall("\n%s\n" % "\n".join(low)))
+    names = set(map(_FIRST, rows))
+    nouns = filter(str.isalpha, filter(_NOUN_LENGTH.fullmatch, names - _NOT_NOUN))
+    kept = set(filter(_ID_NAME.fullmatch, names)).union(nouns)
+    return set(itertools.compress(rows, map(kept.__contains__, map(_FIRST, rows))))
 
 
 def _claim_ids(low):
-    # Explicit ids the lower-cased tokens name, as (noun, N): id=N, id N, #N, NAME_id N, user 12345. Only tokens that
-    # start with # or id, or come before digits, are looked at (chosen by C calls: a request can hold 100,000 tokens).
-    ids, nexts = set(), low[1:] + [""]
-    looked = map(operator.or_, map(str.startswith, low, itertools.repeat(("#", "id"))), map(str.isdigit, nexts))
-    for t, nxt in itertools.compress(zip(low, nexts), looked):
-        if (t.startswith("#") and _digits(t[1:]) and len(t) <= 19) or (
-            t.startswith(("id=", "id:")) and _digits(t[3:]) and len(t) <= 21
-        ):
-            ids.add(("", str(int(t[1 if t[0] == "#" else 3 :]))))
-        elif _digits(nxt) and len(nxt) <= 18 and (t == "id" or t.endswith("_id") or _id_noun(t)):
-            noun = t[:-3] if t.endswith("_id") else "" if t == "id" else t
-            ids.add((_singular(noun), str(int(nxt))))
-    return ids
+    # Explicit ids the lower-cased tokens name, as (noun, N): id=N, id N, #N, NAME_id N, user 12345.
+    stem = lambda name: name[:-3] if name.endswith("_id") else "" if name == "id" else name  # 'users_id': 'users'
+    return {(_singular(stem(name)), n) for name, n in _id_rows(low)}
 
 
 # a negation ('did not delete', 'no rows were') within three tokens before token i
@@ -947,10 +969,11 @@ def judge_file_op(claim, ev, ev_json=None):
 # ---- §3.5 api_call -----------------------------------------------------------------------------------------
 
 # target fields; a path's segment and the next, when that is a number (paths one a line)
-_URL_KEYS, _EMAIL_KEYS, _PATH_ID = (
+_URL_KEYS, _EMAIL_KEYS, _PATH_ID, _ID_NUMBER = (
     {"url", "uri", "endpoint", "href"},
     {"to", "recipient", "recipients", "email", "cc"},
     re.compile(r"([^/\n]*)/(?=([0-9]{1,18})(?:[/\n]|\Z))"),
+    re.compile(r"[0-9]{1,18}"),
 )
 
 
@@ -965,8 +988,8 @@ def _body_outcome(body):
         try:  # its structure is all that is read, so json.loads (strict_loads would also canonicalise it)
             body = json.loads(body)
         except (ValueError, RecursionError):
-            words = set(_ALPHA.findall(body.lower()))
-            return _outcome(words & _STATUS_OK, words & _STATUS_FAIL)
+            low = body.lower()
+            return _outcome(_STATUS_OK_WORD.search(low), _STATUS_FAIL_WORD.search(low))
     if not isinstance(body, dict):
         return None
     votes = {("success" if body[k] else "failure") for k in ("ok", "success") if isinstance(body.get(k), bool)}
@@ -978,38 +1001,60 @@ def _body_outcome(body):
 
 
 def _request_targets(request, wanted):
-    # (emails, {host: paths}, (noun, id) pairs) in the request's target fields: emails in to, recipient...; URLs in url,
-    # uri...; ids in id-like keys and in those URLs' paths. A string request is all target. Only the kinds the claim
-    # names (wanted: its emails, URLs, ids) are looked for: 70,000 URLs in a request cost nothing to a claim of none.
-    (want_emails, want_urls, want_ids), whole = map(bool, wanted), isinstance(request, str)
-    emails, urls, ids = set(), {}, set()
-    members = [("", request)] if whole else _MEMBER.findall(json.dumps(request, ensure_ascii=False))
-    for key, text in members:
-        low, text = key.lower(), text.strip('"')
-        if want_emails and (whole or low in _EMAIL_KEYS):
-            emails.update(filter(None, map(_email, _tokens(text))))  # 'Eve <eve@x.com>'
-        if (want_urls or want_ids) and (whole or low in _URL_KEYS):
-            for host, path in filter(None, (_host_path(*m) for m in set(_URLS.findall(text)))):  # each URL once
-                urls.setdefault(host, set()).add(path)
-        if (low == "id" or low.endswith("_id") or key.endswith("Id")) and _digits(text) and len(text) <= 18:
-            ids.add((_singular(low[:-2].rstrip("_")), str(int(text))))
-    if want_ids:  # in those URLs' paths, /customers/78: ('customer', '78'), found in all the paths at once
-        pairs = _PATH_ID.findall("\n".join(itertools.chain.from_iterable(urls.values())))
-        nouns = map(_singular, map(str.lower, map(operator.itemgetter(0), pairs)))
-        ids.update(zip(nouns, map(operator.itemgetter(1), pairs)))
-    return emails, urls, ids | (_claim_ids(list(map(str.lower, _tokens(request)))) if whole and want_ids else set())
+    # (emails, URLs as {(host, path)}, id rows as for _id_rows) in the request's target fields: emails in to,
+    # recipient...; URLs in url, uri...; ids in id-like keys and in those URLs' paths. A string request is all target.
+    # Only the kinds the claim names (wanted: its emails, URLs, ids) are looked for, and each by C passes over the
+    # whole request (a request can hold 70,000 URLs or 100,000 tokens).
+    want_emails, want_urls, want_ids = map(bool, wanted)
+    if isinstance(request, str):
+        emails_text = urls_text = request
+        rows = _id_rows(list(map(str.lower, _tokens(request)))) if want_ids else set()
+    else:
+        members = _MEMBER.findall(json.dumps(request, ensure_ascii=False))
+        keys = list(map(str.lower, map(_FIRST, members)))
+        texts = list(map(str.strip, map(_SECOND, members), itertools.repeat('"')))
+        emails_text = " ".join(itertools.compress(texts, map(_EMAIL_KEYS.__contains__, keys)))  # 'Eve <eve@x.com>'
+        urls_text = " ".join(itertools.compress(texts, map(_URL_KEYS.__contains__, keys)))
+        # an id-like key ('id', 'user_id', 'userId') valued a number: the row of 'NAME_id N'
+        numbered = itertools.compress(zip(map(_FIRST, members), keys, texts), map(_ID_NUMBER.fullmatch, texts))
+        rows = {
+            (low[:-2].rstrip("_") + "_id", str(int(text)))
+            for key, low, text in numbered
+            if low == "id" or low.endswith("_id") or key.endswith("Id")
+        }
+    urls = _urls_in(urls_text) if want_urls or want_ids else set()
+    if want_ids:  # in those URLs' paths, /customers/78: the row ('customers_id', '78'), all the paths at once
+        pairs = _PATH_ID.findall("\n".join(map(_SECOND, urls)))
+        rows |= set(
+            zip(map(operator.add, map(str.lower, map(_FIRST, pairs)), itertools.repeat("_id")), map(_SECOND, pairs))
+        )
+    return _emails_in(emails_text) if want_emails else set(), urls, rows
+
+
+def _id_names(noun):
+    # The names of the id rows whose noun is noun: each stem whose singular it is, alone and before _id ('customer':
+    # customer, customers, customer_id, customers_id); '' for the noun ''. Claimed ids meet a request's by look-ups.
+    stems = {stem for stem in (noun, noun + "s", noun[:-1] + "ies") if _singular(stem) == noun}
+    return {name for stem in stems for name in (stem, stem + "_id")} | ({"id"} if not noun else set())
 
 
 def _target_code(wanted, targets):
     # The emails, URLs and ids the claim names (wanted) against the request's targets; the worst result is the code.
-    (claimed_emails, claimed_urls, claimed_ids), (emails, urls, ids) = wanted, targets
+    (claimed_emails, claimed_urls, claimed_ids), (emails, urls, rows) = wanted, targets
     code = lambda hit, others: "target_matches" if hit else "target_mismatch" if others else "target_not_in_request"
     results = {code(e in emails, emails) for e in claimed_emails}
-    results |= {code(p in urls.get(h, ()) or not p and h in urls, urls) for h, p in claimed_urls}
-    nouns, numbers = set(map(operator.itemgetter(0), ids)), set(map(operator.itemgetter(1), ids))
-    for noun, n in claimed_ids:  # compared with the request's ids whose noun agrees ('' agrees with any): look-ups
-        hit = ("", n) in ids or (noun, n) in ids if noun else n in numbers
-        results.add(code(hit, "" in nouns or noun in nouns if noun else ids))
+    # the request's hosts, id names and id numbers, each only when a claimed target needs it (they can be 100,000)
+    nouns = set(map(_FIRST, claimed_ids))
+    hosts = set(map(_FIRST, urls)) if not all(map(_SECOND, claimed_urls)) else set()
+    names, numbers = (
+        set(map(_FIRST, rows)) if nouns - {""} else set(),
+        set(map(_SECOND, rows)) if "" in nouns else set(),
+    )
+    results |= {code((h, p) in urls or not p and h in hosts, urls) for h, p in claimed_urls}
+    for noun, n in claimed_ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
+        agreeing = _id_names(noun) | _id_names("")
+        hit = any((name, n) in rows for name in agreeing) if noun else n in numbers
+        results.add(code(hit, not names.isdisjoint(agreeing) if noun else rows))
     return next((c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results), None)
 
 
@@ -1021,7 +1066,7 @@ def judge_api_call(claim, ev, ev_json=None):
     intent = _outcome(ok, negated or not _FAIL_WORDS.isdisjoint(low))
     status, body = ev["response_status"], _body_outcome(ev.get("response_body"))
     details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
-    wanted = set(filter(None, map(_email, toks))), set(filter(None, map(_url, toks))), _claim_ids(low)
+    wanted = _emails_in(claim), set(filter(None, map(_url, toks))), _claim_ids(low)
     targets = _request_targets(ev.get("request") or {}, wanted)
     codes = [
         # the status class against the claimed outcome (1xx and 3xx say nothing)
@@ -1157,7 +1202,7 @@ def judge_generic(claim, ev, ev_json=None):
     matches is not support), values the claim states for keys (KEY is VALUE), states it gives keys (enabled X),
     and its outcome (passed, failed) against every status value."""
     text = (ev_json if ev_json is not None else _canonical_text(ev)).lower()
-    raw = _TOKEN.findall(claim)
+    raw = _raw_tokens(claim)
     toks = [_strip(t) for t in raw]
     # distinct normalised entities: numbers of 10 or more (smaller ones match by chance: '3 databases', '0 errors'),
     # emails, URLs, paths and identifiers; never true, false or null
@@ -1167,7 +1212,7 @@ def judge_generic(claim, ev, ev_json=None):
     }
     low, matched = [t.lower() for t in toks], []
     if len(entities) >= 3:  # fewer cannot support a verdict: the evidence is not tokenised for them
-        have = set(_TOKEN.findall(_values_text(text)))
+        have = set(_raw_tokens(_values_text(text)))
         endings = ("", ".", ",", ":", "/", "!", "?")  # what may follow a value in JSON text or prose
         matched = [e for e in entities if any(e + s in have for s in endings)]
     codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
