@@ -568,8 +568,9 @@ class Issue11Speed(unittest.TestCase):
                  "http://a@b@c/d", "http://x.com/a.", "https://h/c/7#f", "id", "id=5", "ID:7", "#12", "#", "#0", "#007",
                  "user", "Users", "user_id", "users_id", "_id", "s_id", "12", "0012", "0", "\uff11\uff12", "9" * 18,
                  "9" * 19, "0" + "9" * 18, "deleted", "customers", "categories", "category", "class", "idx", "the",
-                 "\u03c3\u03c3\u03a3", "abc\u00b2", "x.y", "(", "!", "order", "orders", "speed", "seed", "index", "7",
-                 "5", "78"]
+                 "\u03c3\u03c3\u03a3", "\u03a3\u03a3\u03a3", "\u0391\u03a3'\u0392", "abc\u00b2", "x.y", "(", "!", "order",
+                 "orders", "speed", "seed", "index", "7", "5", "78", "xhttp://h/users/5", "-http://h/users/7",
+                 "ftp://h/a", "(http://h/b)", "mailto:bob@example.com"]
         token = lambda: rng.choice(words) if rng.random() < 0.8 else "".join(
             rng.choice(atoms) for _ in range(rng.randint(1, 6)))
         text = lambda n: rng.choice([" ", "  ", ", ", "\n", " (", ") "]).join(token() for _ in range(rng.randint(0, n)))

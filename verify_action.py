@@ -307,10 +307,15 @@ _TOKEN, _UNQUOTED = re.compile(r"[^\s`'\"();<>\[\]{}|]+"), str.maketrans("`'\"()
 # An http(s) URL's host and path. The netloc ends at / ? # or a space, and its user info at its last @. After it, an
 # IPv6 host is what follows '[' up to the first ']' (with no ']', up to the netloc's last character, which is left
 # out), and any other host is what comes before a port's ':'. Each quantifier backtracks over one run at most.
-_URLS = re.compile(
-    r"(?i)\bhttps?://(?:[^/?#\s\"'<>]*@)?\[?"
-    r"((?<=\[)(?:[^/?#\s\"'<>@\]]*(?=[^/?#\s\"'<>@]))?|(?<!\[)[^/?#\s\"'<>:]*)"
+# At a token's start (_URL_AT), and anywhere in a text (_URLS): that pattern starts at '://' and looks behind it for
+# the scheme, as a literal start lets the search skip text without URLs (1 MiB of words: 50 times fewer steps).
+_URL_REST = (
+    r"(?:[^/?#\s\"'<>]*@)?\[?((?<=\[)(?:[^/?#\s\"'<>@\]]*(?=[^/?#\s\"'<>@]))?|(?<!\[)[^/?#\s\"'<>:]*)"
     r"[^/?#\s\"'<>]*(/[^?#\s\"'<>]*)?"
+)
+_URL_AT, _URLS = (
+    re.compile(r"(?i:\bhttps?)://" + _URL_REST),
+    re.compile(r"://(?:(?<=(?i:\bhttp)://)|(?<=(?i:\bhttps)://))" + _URL_REST),
 )
 # An email address: a local part of letters, digits and ._+-%, then a domain of letters, digits, '.' and '-' that
 # holds a '.' and neither starts nor ends with one. Alone (a token), and within text as a whole token, which may
@@ -442,12 +447,12 @@ def _identifier(tok, explicit=False):
 # the address in lower case if tok is an email address, else None
 _email = lambda tok: tok.lower() if _EMAIL.fullmatch(tok) else None
 # the email addresses among text's tokens, in lower case: one C pass, however many tokens
-_emails_in = lambda text: set(map(str.lower, _EMAILS.findall(text)))
+_emails_in = lambda text: set(map(str.lower, _EMAILS.findall(text))) if "@" in text else set()
 
 
 def _url(tok):
     # (host in lower case, path without a trailing '/') if tok starts with an http(s) URL that has a host, else None.
-    match = _URLS.match(tok)
+    match = _URL_AT.match(tok)
     return (match.group(1).lower(), (match.group(2) or "").rstrip("/")) if match and match.group(1) else None
 
 
@@ -473,7 +478,7 @@ def _pathish(tok):
 # the claimed path is path or a whole-component suffix of it (a.py never matches data.py)
 _suffix_of = lambda claimed, path: bool(claimed) and (path == claimed or path.endswith("/" + claimed))
 _singular = lambda n: n[:-3] + "y" if n.endswith("ies") else n[:-1] if n.endswith("s") and n[-2:] != "ss" else n
-# Explicit ids in lower-cased tokens joined one a line, as (name, N): '#N', 'id=N' and 'id:N' (name ''), or a token
+# Explicit ids in tokens joined one a line and lower-cased, as (name, N): '#N', 'id=N' and 'id:N' (name ''), or a token
 # and the number token after it (name: that token), N of 1 to 18 digits and written without leading zeros. A name
 # is kept when it is 'id', ends in _id, or is a noun of at least 3 letters (never a stopword, verb or past
 # participle: 'user 5' yes, 'added 5' no).
@@ -484,10 +489,11 @@ _ID_ROWS, _ID_NAME, _NOUN_LENGTH = (
 )
 
 
-def _id_rows(low):
-    # {(name, N)} of the explicit ids among the lower-cased tokens low: one pattern over them all, then the names
-    # judged once each by C calls (a request can hold 100,000 tokens).
-    rows = set(_ID_ROWS.findall("\n%s\n" % "\n".join(low)))
+def _id_rows(toks):
+    # {(name, N)} of the explicit ids among the tokens: one pattern over them all, then the names judged once each by
+    # C calls (a request can hold 100,000 tokens). Lower-cased once joined: a line break ends a word as a token's
+    # end does, so even a final sigma comes out as str.lower gives it token by token.
+    rows = set(_ID_ROWS.findall(("\n%s\n" % "\n".join(toks)).lower()))
     names = set(map(_FIRST, rows))
     nouns = filter(str.isalpha, filter(_NOUN_LENGTH.fullmatch, names - _NOT_NOUN))
     kept = set(filter(_ID_NAME.fullmatch, names)).union(nouns)
@@ -1008,7 +1014,7 @@ def _request_targets(request, wanted):
     want_emails, want_urls, want_ids = map(bool, wanted)
     if isinstance(request, str):
         emails_text = urls_text = request
-        rows = _id_rows(list(map(str.lower, _tokens(request)))) if want_ids else set()
+        rows = _id_rows(_tokens(request)) if want_ids else set()
     else:
         members = _MEMBER.findall(json.dumps(request, ensure_ascii=False))
         keys = list(map(str.lower, map(_FIRST, members)))
