@@ -459,7 +459,9 @@ def _url(tok):
 def _urls_in(text):
     # {(host, path)} of every http(s) URL in text that has a host, each read as _url reads one: C passes over the
     # matches, however many URLs.
-    found = set(_URLS.findall(text))  # each URL once
+    # a URL never spans a space: each run between spaces is read once (a request that repeats one URL 116,000
+    # times costs one match), then each URL once
+    found = set(_URLS.findall(" ".join(set(text.split()))))
     hosts, paths = list(map(str.lower, map(_FIRST, found))), map(str.rstrip, map(_SECOND, found), itertools.repeat("/"))
     return set(itertools.compress(zip(hosts, paths), hosts))
 
