@@ -460,8 +460,8 @@ def _urls_in(text):
     # {(host, path)} of every http(s) URL in text that has a host, each read as _url reads one: C passes over the
     # matches, however many URLs.
     # a URL never spans a space: each run between spaces is read once (a request that repeats one URL 116,000
-    # times costs one match), then each URL once
-    found = set(_URLS.findall(" ".join(set(text.split()))))
+    # times costs one match), then each URL once; text without '://' holds none
+    found = set(_URLS.findall(" ".join(set(text.split())))) if "://" in text else set()
     hosts, paths = list(map(str.lower, map(_FIRST, found))), map(str.rstrip, map(_SECOND, found), itertools.repeat("/"))
     return set(itertools.compress(zip(hosts, paths), hosts))
 
@@ -1019,10 +1019,15 @@ def _request_targets(request, wanted):
         rows = _id_rows(_tokens(request)) if want_ids else set()
     else:
         members = _MEMBER.findall(json.dumps(request, ensure_ascii=False))
-        keys = list(map(str.lower, map(_FIRST, members)))
-        texts = list(map(str.strip, map(_SECOND, members), itertools.repeat('"')))
-        emails_text = " ".join(itertools.compress(texts, map(_EMAIL_KEYS.__contains__, keys)))  # 'Eve <eve@x.com>'
-        urls_text = " ".join(itertools.compress(texts, map(_URL_KEYS.__contains__, keys)))
+        keys, texts = (
+            list(map(str.lower, map(_FIRST, members))),
+            list(map(str.strip, map(_SECOND, members), itertools.repeat('"'))),
+        )
+        # the values of the email fields ('Eve <eve@x.com>') and of the URL fields, joined by spaces (which no email
+        # or URL spans)
+        emails_text, urls_text = (
+            " ".join(itertools.compress(texts, map(fields.__contains__, keys))) for fields in (_EMAIL_KEYS, _URL_KEYS)
+        )
         # an id-like key ('id', 'user_id', 'userId') valued a number: the row of 'NAME_id N'
         numbered = itertools.compress(zip(map(_FIRST, members), keys, texts), map(_ID_NUMBER.fullmatch, texts))
         rows = {
@@ -1053,8 +1058,8 @@ def _target_code(wanted, targets):
     results = {code(e in emails, emails) for e in claimed_emails}
     # the request's hosts, id names and id numbers, each only when a claimed target needs it (they can be 100,000)
     nouns = set(map(_FIRST, claimed_ids))
-    hosts = set(map(_FIRST, urls)) if not all(map(_SECOND, claimed_urls)) else set()
-    names, numbers = (
+    hosts, names, numbers = (
+        set(map(_FIRST, urls)) if not all(map(_SECOND, claimed_urls)) else set(),  # for a claimed bare host
         set(map(_FIRST, rows)) if nouns - {""} else set(),
         set(map(_SECOND, rows)) if "" in nouns else set(),
     )
