@@ -62,6 +62,7 @@ FILE_LIMITS = {RECORDS: 16 << 20, MEMORY: 16 << 20, README: 16 << 20,
                MANIFEST: 4096, SIGNATURE: 4096, PACK_JSON: 4096}
 MAX_RECORDS = 10000
 BLOCK_RECORDS = 256           # records whose search texts are kept as one bytes, until indexed
+TEXT_BREAK = b"\xff"          # between two search texts in such a bytes: UTF-8 never holds it
 MAX_HOST_FILE_BYTES = 64 << 10           # --trusted-keys and --revoked-keys files
 MAX_MESSAGE_BYTES = 1 << 20              # one JSON-RPC line on stdin
 MAX_BATCH = 32                           # JSON-RPC messages in one 2025-03-26 batch
@@ -757,9 +758,9 @@ def search_text(record):
 
 
 def _text_block(texts):
-    """Search texts -> their UTF-8 with b"\\xff", which UTF-8 never holds, between two. Kept compact (as a str,
-    a text with one emoji takes 4 bytes a character) and in one allocation, freed whole."""
-    return b"\xff".join([text.encode("utf-8") for text in texts])
+    """Search texts -> their UTF-8 with TEXT_BREAK between two. Kept compact (as a str, a text with one emoji
+    takes 4 bytes a character) and in one allocation, freed whole."""
+    return TEXT_BREAK.join([text.encode("utf-8") for text in texts])
 
 
 def parse_records(data):
@@ -1488,9 +1489,9 @@ def search_words(text):
     return _folded(text).decode("utf-8", "surrogatepass").split()
 
 
-def _folded_block(block):
-    """A block of search texts (_text_block) -> the folded text of each, in order."""
-    return [_folded(text.decode("utf-8")) for text in block.split(b"\xff")]
+def _folded_texts(texts):
+    """Search texts in UTF-8 (those of a _text_block) -> the folded text of each, in order."""
+    return [_folded(text.decode("utf-8")) for text in texts]
 
 
 @functools.lru_cache(maxsize=None)
@@ -1506,17 +1507,18 @@ def _candidates(block, ascii_words):
     bytes with ASCII capitals lowered and none of its characters folds into ASCII: then every ASCII letter,
     digit or _ of its folded text is one of its own bytes lowered, in the same order, with nothing new
     between (NFKC and case folding add no character that none of those characters yields alone)."""
-    texts = block.split(b"\xff")
+    texts = block.split(TEXT_BREAK)
     kept = [True] * len(texts)
     if ascii_words:
-        lowered = block.lower().split(b"\xff")
+        lowered = block.lower().split(TEXT_BREAK)
         for word in ascii_words:
             kept = [k and word in text for k, text in zip(kept, lowered)]
+    if not all(kept):                         # only the texts passed over need their other characters read
         others = [text.translate(None, _ASCII).decode("utf-8") for text in texts]    # short
         into_ascii = set(filter(_folds_into_ascii, set("".join(others))))
         if into_ascii:
             kept = [k or not into_ascii.isdisjoint(other) for k, other in zip(kept, others)]
-    return kept, [_folded(text.decode("utf-8")) for text in compress(texts, kept)]
+    return kept, _folded_texts(compress(texts, kept))
 
 
 def _by_place(keys):
@@ -1562,7 +1564,7 @@ class SearchIndex:
             postings = {}
             get = postings.get
             for k in range(len(blocks) - 1, -1, -1):
-                texts, blocks[k], first = _folded_block(blocks[k]), None, k * BLOCK_RECORDS
+                texts, blocks[k], first = _folded_texts(blocks[k].split(TEXT_BREAK)), None, k * BLOCK_RECORDS
                 for i in range(first + len(texts) - 1, first - 1, -1):
                     for word, count in Counter(texts[i - first].split()).items():
                         keys = get(word) or postings.setdefault(word, array.array("I"))   # never empty once made
