@@ -1432,6 +1432,22 @@ class TestSearchIndexPaths(SearchCase):
         self.assertEqual(probe.search(["a"]), (2, [(0, 1 << 18), (1, 1)]))
         self.assertEqual(probe.early, [[probe._lookup([b"a"], 10), probe._lookup([b"b", b"a"], 10)]])
 
+    def test_an_early_answer_folds_every_text_for_a_non_ascii_word(self):
+        # a non-ASCII word cannot be looked for in the unfolded bytes ('ÉTÉ' holds 'été' once folded): only the
+        # query's ASCII words may pass a text over
+        # (300 records: the first block is still unfolded when the early answers are taken)
+        statements = ["Émile ÉTÉ", "x été", "émile y"] + ["z"] * 297
+        texts = [vm.search_text({"statement": text, "topic": "t", "evidence": [{"quote": "q"}]}) for text in statements]
+        blocks = [vm._text_block(texts[first:first + vm.BLOCK_RECORDS]) for first in range(0, 300, vm.BLOCK_RECORDS)]
+        probe = EarlyAnswers(blocks, list(range(300)), ["M-%d" % i for i in range(300)],
+                             [["été"], ["émile", "été"], ["t", "été"]])
+        probe.start()
+        probe._ready.wait()
+        self.assertIsNone(probe.failure)
+        expected = [probe._lookup([w.encode() for w in query], 10) for query in (["été"], ["émile", "été"], ["t", "été"])]
+        self.assertEqual(expected[0][0], 2)
+        self.assertEqual(probe.early, [expected] * 3)
+
     def test_a_failed_early_answer_releases_its_search(self):
         class FailsEarly(vm.SearchIndex):
             def _build(self):                 # starts only once a search waits, so that search is early
