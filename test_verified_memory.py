@@ -68,6 +68,17 @@ def read(path):
         return f.read()
 
 
+def search_text(record):
+    """What search reads of a record, as the spec says: statement, topic and quotes, one a line, with a line
+    break at either end (vm._text_block keeps these texts of a block of records)."""
+    return "\n".join(["", record["statement"], record["topic"]] + [c["quote"] for c in record["evidence"]] + [""])
+
+
+def text_record(statement):
+    """A record with only the fields that make its search text."""
+    return {"statement": statement, "topic": "t", "evidence": [{"quote": "q"}]}
+
+
 def record_line(record):
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
@@ -396,6 +407,99 @@ class TestRecordsFile(RecordsCase):
         self.write_records("\n".join(lines) + "\n")
         self.assertRefused(self.pack, "records.jsonl line 10001: has more than 10000 records")
 
+
+class TestRecordsInBlocks(RecordsCase):
+    """Records are parsed and checked a block at a time, by column; refusals stay those of one record at a time."""
+
+    def many_lines(self, count):
+        template = json.loads(self.lines[0])
+        lines = []
+        for i in range(count):
+            template["record_id"] = "M-r%d" % i
+            lines.append(record_line(template))
+        return lines
+
+    def test_the_first_faulty_line_is_reported_whatever_the_faults(self):
+        lines = self.many_lines(600)              # blocks of 256: lines 1-256, 257-512, 513-600
+        bad_role = record_line(dict(json.loads(lines[0]), role="robot"))
+        cases = (
+            ({5: "{", 2: bad_role}, "line 2, field role"),                  # a field before a parse fault
+            ({5: bad_role, 9: "{"}, "line 5, field role"),
+            ({3: lines[0], 4: bad_role}, "line 3, field record_id: M-r0 repeats line 1"),
+            ({300: bad_role, 299: lines[10]}, "line 299, field record_id: M-r10 repeats line 11"),
+            ({256: bad_role, 257: "{"}, "line 256, field role"),            # across two blocks
+            ({257: bad_role, 256: "{"}, "line 256: is not strict JSON"),
+            ({512: "", 600: bad_role}, "line 512: is blank"),
+        )
+        for faults, where in cases:
+            with self.subTest(faults=faults):
+                faulty = list(lines)
+                for number, line in faults.items():
+                    faulty[number - 1] = line
+                self.write_records("\n".join(faulty) + "\n")
+                with self.assertRaises(vm.PackError) as caught:
+                    vm.load_pack(self.pack, vm.TrustPolicy(), NOW)
+                self.assertTrue(str(caught.exception).startswith("records.jsonl " + where), str(caught.exception))
+
+    def test_a_record_id_holding_a_line_feed_is_refused(self):
+        # the fast path matches all IDs of a block joined by LF: one ID with an LF must not pass as two
+        self.refuse_record(setter(("record_id",), "M-a\nM-b"), "record_id",
+                           "must be M- followed by 1-127 letters, digits, _ or -")
+        digest = self.first["evidence"][0]["message_sha256"]
+        self.refuse_record(setter(("evidence", 0, "message_sha256"), digest + "\n" + digest),
+                           "evidence[0].message_sha256", "must be 64 lowercase hex characters")
+
+    def test_rules_that_another_check_usually_hides(self):
+        # each of these faults is caught by check_record's own rule and by no other: the column checks must
+        # refuse it too (an empty quote whose offsets agree, negative offsets one quote long, metadata nested
+        # too deep, a payee whose account is in no quote)
+        def empty_quote(record):
+            record["evidence"][0].update(quote="", end=record["evidence"][0]["start"])
+        self.refuse_record(empty_quote, "evidence[0].quote", "must be a non-empty string")
+
+        def before_zero(record):
+            record["evidence"][0].update(start=-2, end=len(record["evidence"][0]["quote"]) - 2)
+        self.refuse_record(before_zero, "evidence[0].start", "must be 0 or more")
+        deep = None
+        for _ in range(64):                       # 64 levels under the record, itself level 1
+            deep = [deep]
+        self.refuse_record(setter(("meta",), deep), "", "is not strict JSON: nests deeper than 64 levels")
+        self.refuse_record(setter(("payee",), {"name": "Acme", "account": "GB33BUKB20201555555555"}), "payee.account",
+                           "GB33BUKB20201555555555 does not occur in any of the record's quotes")
+
+    def test_the_fast_path_agrees_with_check_record(self):
+        # random damage to blocks of records: whenever the column checks pass, check_record passes every
+        # record with the same values; valid blocks, metadata and payee included, take the fast path
+        records = [json.loads(line) for line in self.lines]
+        self.assertIsNotNone(vm._valid_records(records, {}))
+        self.assertTrue(any(len(record) > len(vm.RECORD_FIELDS) for record in records))
+        values = ("", " ", "x", "M-x", "M-a\nM-b", "user", "agent", 0, 1, -1, True, 2.0, None, [], {}, ["x"],
+                  "2026-02-14T18:12:00Z", "2026-02-14T18:12:00.5Z", "2027-01-01T00:00:00Z", "a" * 64, "A" * 64)
+        rng, passed = random.Random(5), 0
+        for _ in range(3000):
+            block = json.loads(json.dumps(records))
+            for _ in range(rng.randint(1, 3)):
+                record = rng.choice(block)
+                evidence = record.get("evidence")
+                citations = [c for c in evidence if type(c) is dict] if type(evidence) is list else []
+                if rng.random() < 0.5 or not citations:
+                    target, keys = record, list(vm.RECORD_FIELDS) + ["note"]
+                else:
+                    target, keys = rng.choice(citations), list(vm.CITATION_FIELDS) + ["note"]
+                key = rng.choice(keys)
+                if rng.random() < 0.2:
+                    target.pop(key, None)
+                else:
+                    target[key] = rng.choice(values)
+            fast = vm._valid_records(block, {})
+            try:
+                slow = [vm.check_record(record, line, {}) for line, record in enumerate(block, 1)]
+            except vm.PackError:
+                slow = None
+            if fast is not None:
+                passed += 1
+                self.assertEqual(fast, slow, block)
+        self.assertGreater(passed, 100)
 
 class TestManifest(TempDirCase):
     def setUp(self):
@@ -1423,7 +1527,7 @@ class TestSearchIndexPaths(SearchCase):
     def test_a_word_two_to_the_18_times_in_one_record_gets_64_bit_keys(self):
         records = [{"statement": " ".join(["a"] * (1 << 18)), "topic": "t", "evidence": [{"quote": "q"}]},
                    {"statement": "a b", "topic": "t", "evidence": [{"quote": "q"}]}]
-        blocks = [vm._text_block([vm.search_text(record) for record in records])]
+        blocks = [vm._text_block(records)]
         probe = EarlyAnswers(blocks, [0, 1], ["M-1", "M-2"], [["a"], ["b", "a"]])
         probe.start()
         probe._ready.wait()
@@ -1437,8 +1541,8 @@ class TestSearchIndexPaths(SearchCase):
         # query's ASCII words may pass a text over
         # (300 records: the first block is still unfolded when the early answers are taken)
         statements = ["Émile ÉTÉ", "x été", "émile y"] + ["z"] * 297
-        texts = [vm.search_text({"statement": text, "topic": "t", "evidence": [{"quote": "q"}]}) for text in statements]
-        blocks = [vm._text_block(texts[first:first + vm.BLOCK_RECORDS]) for first in range(0, 300, vm.BLOCK_RECORDS)]
+        records = [text_record(text) for text in statements]
+        blocks = [vm._text_block(records[first:first + vm.BLOCK_RECORDS]) for first in range(0, 300, vm.BLOCK_RECORDS)]
         probe = EarlyAnswers(blocks, list(range(300)), ["M-%d" % i for i in range(300)],
                              [["été"], ["émile", "été"], ["t", "été"]])
         probe.start()
@@ -1457,8 +1561,7 @@ class TestSearchIndexPaths(SearchCase):
 
             def _early(self, *args):
                 raise MemoryError
-        texts = [vm.search_text({"statement": "a b", "topic": "t", "evidence": [{"quote": "q"}]})] * 3
-        index = FailsEarly([vm._text_block(texts)], [0, 1, 2], ["M-1", "M-2", "M-3"])
+        index = FailsEarly([vm._text_block([text_record("a b")] * 3)], [0, 1, 2], ["M-1", "M-2", "M-3"])
         outcome = []
 
         def ask():
@@ -1480,8 +1583,7 @@ class TestSearchIndexPaths(SearchCase):
                     "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044")
         for _ in range(40):
             texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(50)]
-            block = vm._text_block([vm.search_text({"statement": text, "topic": "t", "evidence": [{"quote": "q"}]})
-                                    for text in texts])
+            block = vm._text_block([text_record(text) for text in texts])
             words = [vm.search_words(text) for text in texts]
             vocabulary = sorted({w for ws in words for w in ws if w.isascii()}) + ["k", "ss", "fi", "zz"]
             for _ in range(20):
@@ -1489,8 +1591,7 @@ class TestSearchIndexPaths(SearchCase):
                 kept, folded = vm._candidates(block, query)
                 holds = [all(w.decode() in ws for w in query) for ws in words]
                 self.assertEqual([k for k, h in zip(kept, holds) if h and not k], [], (texts, query))
-                self.assertEqual(folded, [vm._folded(vm.search_text({"statement": text, "topic": "t",
-                                                                     "evidence": [{"quote": "q"}]}))
+                self.assertEqual(folded, [vm._folded(search_text(text_record(text)))
                                           for text, k in zip(texts, kept) if k])
                 skipped += len(kept) - sum(kept)
         self.assertGreater(skipped, 2000)         # and texts are passed over unfolded

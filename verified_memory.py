@@ -44,8 +44,8 @@ import time
 import unicodedata
 from bisect import bisect_left
 from collections import Counter, defaultdict, namedtuple
-from itertools import compress, repeat
-from operator import and_, itemgetter, lshift, or_, rshift
+from itertools import chain, compress, repeat
+from operator import and_, itemgetter, le, lshift, or_, rshift, sub
 
 # ============================================================================
 # §1 Constants and limits
@@ -579,8 +579,9 @@ def strict_json_loads(text, depth_checked_by_caller=False):
         raise ValueError("starts with a byte order mark")
     try:
         value = _STRICT_JSON.decode(text)
-        # both walks are rare: only lines with surrogate escapes or enough brackets to nest that deep
-        if _SURROGATE_ESCAPE.search(text) or not depth_checked_by_caller and \
+        # both walks are rare: only lines with surrogate escapes or enough brackets to nest that deep (a
+        # backslash is looked for first: one memchr, where the pattern's scan costs several steps a character)
+        if "\\" in text and _SURROGATE_ESCAPE.search(text) or not depth_checked_by_caller and \
                 text.count("[") + text.count("{") > MAX_JSON_DEPTH:
             _check_value(value)
     except UnicodeEncodeError:
@@ -751,16 +752,125 @@ def _citation_shape(citation, line, at):
     raise PackError("is not a citation field", RECORDS, line, at + "." + sorted(set(citation) - _CITATION_KEYS)[0])
 
 
-def search_text(record):
-    """What search reads of a record: its statement, topic and quotes, one a line, with a line break at either
-    end (NFKC and case folding keep it) so that once folded every word has a space before and after it."""
-    return "\n".join(["", record["statement"], record["topic"]] + [c["quote"] for c in record["evidence"]] + [""])
+def _all_of_type(values, kind):
+    """Whether every value is exactly of type `kind` (JSON gives no subclasses; bool is not int here)."""
+    return set(map(type, values)) == {kind}
 
 
-def _text_block(texts):
-    """Search texts -> their UTF-8 with TEXT_BREAK between two. Kept compact (as a str, a text with one emoji
-    takes 4 bytes a character) and in one allocation, freed whole."""
-    return TEXT_BREAK.join([text.encode("utf-8") for text in texts])
+def _plain_texts(values):
+    """Whether every value passes _text_field: a string, not empty, not only white space."""
+    return _all_of_type(values, str) and all(values) and not any(map(str.isspace, values))
+
+
+def _instants(values, times):
+    """Record dates -> their instants, each distinct string parsed once into `times`; None if one is not a
+    valid time."""
+    try:
+        for value in set(values) - times.keys():
+            times[value] = parse_utc(value)
+    except (TypeError, ValueError):          # not hashable, not a string, not a time
+        return None
+    return list(map(times.__getitem__, values))
+
+
+_RECORD_COLUMNS, _CITATION_COLUMNS = itemgetter(*RECORD_FIELDS), itemgetter(*CITATION_FIELDS)
+_RECORD_ID_LINES = re.compile(r"M-[A-Za-z0-9_-]{1,127}(?:\nM-[A-Za-z0-9_-]{1,127})*")
+_SHA256_HEX_LINES = re.compile(r"[0-9a-f]{64}(?:\n[0-9a-f]{64})*")
+
+
+def _each_matches(lines_pattern, values):
+    """Whether each of the strings `values` is a full match of the line pattern that `lines_pattern` repeats,
+    one a line: all are matched in one pass over them joined by LF (none may hold an LF of its own)."""
+    joined = "\n".join(values)
+    return joined.count("\n") == len(values) - 1 and lines_pattern.fullmatch(joined) is not None
+
+
+def _valid_records(records, times):
+    """check_record's fast path over a block of parsed records -> [(record_id, date_last_utc instant)] when
+    every record passes every check of check_record, else None: then check_record finds the first fault and
+    names its field. Each rule is checked once over a whole column (all record IDs, all quotes...) by C-speed
+    passes instead of a few Python statements per record; records with fields beyond RECORD_FIELDS (metadata,
+    payee) also go through check_record, for those fields' own rules."""
+    try:         # KeyError: a field is missing; TypeError: not an object; ValueError: no record to unpack
+        ids, roles, speakers, categories, topics, statements, firsts, lasts, evidence = zip(*map(_RECORD_COLUMNS,
+                                                                                                  records))
+        citations = list(chain.from_iterable(evidence))
+        if not (_all_of_type(evidence, list) and all(evidence) and set(map(len, citations)) == {len(CITATION_FIELDS)}):
+            return None
+        message_ids, dates, quotes, starts, ends, digests = zip(*map(_CITATION_COLUMNS, citations))   # all six
+    except (KeyError, TypeError, ValueError):
+        return None
+    first_ns, last_ns, date_ns = _instants(firsts, times), _instants(lasts, times), _instants(dates, times)
+    if first_ns is None or last_ns is None or date_ns is None:
+        return None
+    # each citation lies between its own record's dates (so, as every record has one, first <= last)
+    counts = list(map(len, evidence))
+    citation_first = chain.from_iterable(map(repeat, first_ns, counts))
+    citation_last = chain.from_iterable(map(repeat, last_ns, counts))
+    if not (all(map(le, citation_first, date_ns)) and all(map(le, date_ns, citation_last))):
+        return None
+    if not (_all_of_type(ids, str) and _each_matches(_RECORD_ID_LINES, ids)
+            and _all_of_type(roles, str) and set(roles) <= {"user", "agent"}
+            and all(map(_plain_texts, (speakers, statements, topics, categories)))):
+        return None
+    if not (_all_of_type(message_ids, int) and min(message_ids) >= 1
+            and _all_of_type(quotes, str) and all(quotes)
+            and _all_of_type(starts, int) and _all_of_type(ends, int) and min(starts) >= 0
+            and list(map(sub, ends, starts)) == list(map(len, quotes))      # so each end > start >= 0 too
+            and _all_of_type(digests, str) and _each_matches(_SHA256_HEX_LINES, digests)):
+        return None
+    try:
+        for line, record in enumerate(records):
+            if len(record) != len(RECORD_FIELDS):
+                check_record(record, line, times)
+    except PackError:
+        return None
+    return list(zip(ids, last_ns))
+
+
+def _checked_block(records, first_line, times, seen):
+    """check_record over a block of records, then unique record_ids -> (record ids, date_last_utc instants).
+    `seen` maps each record_id met so far to its line. Faults are reported in line order, as one record at a
+    time would meet them."""
+    checked = _valid_records(records, times) or (check_record(record, line, times)
+                                                 for line, record in enumerate(records, first_line))
+    ids, lasts = [], []
+    for line, (record_id, last) in enumerate(checked, first_line):
+        if record_id in seen:
+            raise PackError("%s repeats line %d" % (record_id, seen[record_id]), RECORDS, line, "record_id")
+        seen[record_id] = line
+        ids.append(record_id)
+        lasts.append(last)
+    return ids, lasts
+
+
+def _text_block(records):
+    """The search texts of records (what search reads of each: its statement, topic and quotes, one a line,
+    with a line break at either end, so that once folded every word has a space before and after it) ->
+    their UTF-8 with TEXT_BREAK between two. Kept compact (as a str, a text with one emoji takes 4 bytes a
+    character) and in one allocation, freed whole. Each field is encoded on its own: a str joined from
+    several is as wide as its widest character, and slower to encode."""
+    lines = [b""]
+    for record in records:
+        fields = [record["statement"], record["topic"]] + [citation["quote"] for citation in record["evidence"]]
+        lines += map(str.encode, fields)
+        lines.append(TEXT_BREAK)
+    lines[-1] = b""
+    return b"\n".join(lines)
+
+
+def _parsed_line(raw, number):
+    """One line of records.jsonl, without its LF -> the parsed value (check_record judges it)."""
+    if not raw or raw.isspace():
+        raise PackError("is blank; one JSON object per line, no blank lines", RECORDS, number)
+    if raw.endswith(b"\r"):
+        raise PackError("ends with CR; line endings must be LF", RECORDS, number)
+    try:
+        return strict_json_loads(raw.decode("utf-8"), depth_checked_by_caller=True)
+    except UnicodeDecodeError as e:
+        raise PackError("is not valid UTF-8 (byte %d)" % (e.start + 1), RECORDS, number) from None
+    except ValueError as e:
+        raise PackError("is not strict JSON: %s" % e, RECORDS, number) from None
 
 
 def parse_records(data):
@@ -768,10 +878,10 @@ def parse_records(data):
 
     UTF-8, LF endings, one object per line, no blank lines, 1 to 10,000
     records, unique record_id. Only the offsets of the verified bytes are kept,
-    so the snapshot holds the raw file once instead of a dict per record. The
-    search texts are taken while each record is parsed anyway, BLOCK_RECORDS
-    in each block (_text_block): the index folds them and lets them go, and
-    never has to parse a record again.
+    so the snapshot holds the raw file once instead of a dict per record.
+    Records are parsed and checked BLOCK_RECORDS at a time, and each block's
+    search texts are kept (_text_block): the index folds them and lets them
+    go, and never has to parse a record again.
     """
     if data.startswith(b"\xef\xbb\xbf"):
         raise PackError("starts with a byte order mark", RECORDS, 1)
@@ -779,38 +889,27 @@ def parse_records(data):
         raise PackError("has no records; a pack needs at least one", RECORDS)
     if not data.endswith(b"\n"):
         raise PackError("must end with a newline", RECORDS, data.count(b"\n") + 1)
-    offsets, ids, dates, blocks, texts, seen, times = array.array("L", [0]), [], [], [], [], {}, {}
-    start, number = 0, 0
+    offsets, ids, dates, blocks, seen, times = array.array("L", [0]), [], [], [], {}, {}
+    start = 0
     while start < len(data):
-        end = data.index(b"\n", start)
-        number += 1
-        if number > MAX_RECORDS:
-            raise PackError("has more than %d records" % MAX_RECORDS, RECORDS, number)
-        raw = data[start:end]
-        if not raw or raw.isspace():
-            raise PackError("is blank; one JSON object per line, no blank lines", RECORDS, number)
-        if raw.endswith(b"\r"):
-            raise PackError("ends with CR; line endings must be LF", RECORDS, number)
-        try:
-            record = strict_json_loads(raw.decode("utf-8"), depth_checked_by_caller=True)
-        except UnicodeDecodeError as e:
-            raise PackError("is not valid UTF-8 (byte %d)" % (e.start + 1), RECORDS, number) from None
-        except ValueError as e:
-            raise PackError("is not strict JSON: %s" % e, RECORDS, number) from None
-        record_id, last = check_record(record, number, times)
-        if record_id in seen:
-            raise PackError("%s repeats line %d" % (record_id, seen[record_id]), RECORDS, number, "record_id")
-        seen[record_id] = number
-        ids.append(record_id)
-        dates.append(last)
-        texts.append(search_text(record))
-        if len(texts) == BLOCK_RECORDS:
-            blocks.append(_text_block(texts))
-            texts = []
-        start = end + 1
-        offsets.append(start)
-    if texts:
-        blocks.append(_text_block(texts))
+        records, fault = [], None
+        while start < len(data) and len(records) < BLOCK_RECORDS and fault is None:
+            number = len(ids) + len(records) + 1
+            end = data.index(b"\n", start)
+            try:
+                if number > MAX_RECORDS:
+                    raise PackError("has more than %d records" % MAX_RECORDS, RECORDS, number)
+                records.append(_parsed_line(data[start:end], number))
+            except PackError as e:
+                fault = e                     # reported after any fault of the lines before it
+            start = end + 1
+            offsets.append(start)
+        block_ids, block_dates = _checked_block(records, len(ids) + 1, times, seen)
+        if fault:
+            raise fault
+        ids += block_ids
+        dates += block_dates
+        blocks.append(_text_block(records))
     return offsets, ids, dates, blocks
 
 
