@@ -469,7 +469,8 @@ class TestRecordsInBlocks(RecordsCase):
 
     def test_the_fast_path_agrees_with_check_record(self):
         # random damage to blocks of records: whenever the column checks pass, check_record passes every
-        # record with the same values; valid blocks, metadata and payee included, take the fast path
+        # record that has no other field, with the same values; valid blocks, metadata and payee included,
+        # take the fast path
         records = [json.loads(line) for line in self.lines]
         self.assertIsNotNone(vm._valid_records(records, {}))
         self.assertTrue(any(len(record) > len(vm.RECORD_FIELDS) for record in records))
@@ -492,13 +493,14 @@ class TestRecordsInBlocks(RecordsCase):
                 else:
                     target[key] = rng.choice(values)
             fast = vm._valid_records(block, {})
+            plain = [record for record in block if len(record) == len(vm.RECORD_FIELDS)]
             try:
-                slow = [vm.check_record(record, line, {}) for line, record in enumerate(block, 1)]
+                slow = [vm.check_record(record, line, {}) for line, record in enumerate(plain, 1)]
             except vm.PackError:
                 slow = None
-            if fast is not None:
+            if fast is not None:              # records with more fields go through check_record anyway
                 passed += 1
-                self.assertEqual(fast, slow, block)
+                self.assertEqual([pair for pair, record in zip(fast, block) if record in plain], slow, block)
         self.assertGreater(passed, 100)
 
 class TestManifest(TempDirCase):
