@@ -1523,7 +1523,7 @@ class TestSearchIndexPaths(SearchCase):
             index._ready.wait()
             self.assertEqual((index.early, early), (1, index.search(query)), query)
         failing = AnswersEarly([None], [0], ["M-1"])
-        with self.assertRaisesRegex(RuntimeError, r"could not be built \(AttributeError\)"):
+        with self.assertRaisesRegex(RuntimeError, r"could not be built \(TypeError\)"):
             failing.search(["a"])             # asked, then released by the failure: no hang
 
     def test_a_word_two_to_the_18_times_in_one_record_gets_64_bit_keys(self):
@@ -1585,7 +1585,7 @@ class TestSearchIndexPaths(SearchCase):
                     "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044")
         for _ in range(40):
             texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(50)]
-            block = vm._text_block([text_record(text) for text in texts])
+            block = vm._text_block([text_record(text) for text in texts])[:]
             words = [vm.search_words(text) for text in texts]
             vocabulary = sorted({w for ws in words for w in ws if w.isascii()}) + ["k", "ss", "fi", "zz"]
             for _ in range(20):
@@ -1630,10 +1630,10 @@ class TestSourceWarnings(unittest.TestCase):
 class TestSearchIndexFailure(TempDirCase):
     def test_a_failed_index_build_is_a_tool_error_not_a_hang(self):
         snapshot = self.load(EXAMPLE)
-        snapshot.index = vm.SearchIndex([None], [0], ["M-1"])     # decoding None raises AttributeError
+        snapshot.index = vm.SearchIndex([None], [0], ["M-1"])     # reading None as a block raises TypeError
         tools = vm.ToolServer(snapshot, lambda: NOW)
         self.assertEqual(tools.call("verified_memory_search", {"query": "garden"}),
-                         (None, "verified-memory: the search index could not be built (AttributeError); restart the server"))
+                         (None, "verified-memory: the search index could not be built (TypeError); restart the server"))
         self.assertTrue(tools.call("verified_memory_get", {"id": "M-garden-1"})[0]["found"])   # get needs no index
 
     def test_a_failure_after_the_records_are_read_is_reported_too(self):
