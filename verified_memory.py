@@ -1614,11 +1614,11 @@ def _candidates(block, ascii_words):
         lowered = block.lower().split(TEXT_BREAK)
         for word in ascii_words:
             kept = [k and word in text for k, text in zip(kept, lowered)]
-    if not all(kept):                         # only the texts passed over need their other characters read
-        others = [text.translate(None, _ASCII).decode("utf-8") for text in texts]    # short
-        into_ascii = set(filter(_folds_into_ascii, set("".join(others))))
-        if into_ascii:
-            kept = [k or not into_ascii.isdisjoint(other) for k, other in zip(kept, others)]
+    # only the texts passed over need their other characters read (short: the non-ASCII ones)
+    others = ["" if k else text.translate(None, _ASCII).decode("utf-8") for k, text in zip(kept, texts)]
+    into_ascii = set(filter(_folds_into_ascii, set("".join(others))))
+    if into_ascii:
+        kept = [k or not into_ascii.isdisjoint(other) for k, other in zip(kept, others)]
     return kept, _folded_texts(compress(texts, kept))
 
 
