@@ -503,6 +503,7 @@ class TestRecordsInBlocks(RecordsCase):
                 self.assertEqual([pair for pair, record in zip(fast, block) if record in plain], slow, block)
         self.assertGreater(passed, 100)
 
+
 class TestManifest(TempDirCase):
     def setUp(self):
         super().setUp()
