@@ -224,6 +224,8 @@ def adversarial_bodies():
         ("api_call: ids in 62k URL paths", "/verify", json.dumps({
             "claim": "Updated customer 78 via http://b/c", "evidence": {
                 "response_status": 200, "request": " ".join("http://a/c/%d" % i for i in range(62000))}}).encode()),
+        ("api_call: a URL of one 1 MiB path segment", "/verify", verify(
+            "Updated customer 78 via http://b/c", '{"response_status": 200, "request": "http://a/', "x", '"}')),
         ("api_call: one URL 116k times", "/verify", verify("Posted to http://b/c", '{"response_status": 200, "request": "',
                                                           "http://a ", '"}')),
         ("file_op: 8 KiB claim of sizes and paths", "/verify", json.dumps({"claim": "Wrote " + " ".join(
@@ -552,6 +554,16 @@ class Issue11Speed(unittest.TestCase):
         for _ in range(3000):
             text = canonical_json(doc()).decode("utf-8").lower()
             self.assertEqual(va._values_text(text), escape_aware.sub(" ", text).replace(",", ", "), text)
+
+    def test_path_ids_are_found_as_the_unanchored_pattern_found_them(self):
+        # a segment is tried only where one starts; the pattern tried it at every character, and a segment with no
+        # '/' after it took time quadratic in its length (a 32 KB path: 9.5 s). Same pairs on random paths.
+        unanchored = re.compile(r"([^/\n]*)/(?=([0-9]{1,18})(?:[/\n]|\Z))")
+        rng = __import__("random").Random(78)
+        bits = ["/", "//", "7", "78", "0" * 19, "c", "users", "\n", "x9", "9x", "-", "%2F"]
+        for _ in range(20000):
+            text = "".join(rng.choice(bits) for _ in range(rng.randint(0, 12)))
+            self.assertEqual(va._PATH_ID.findall(text), unanchored.findall(text), text)
 
     def test_api_call_targets_agree_with_the_token_by_token_reading(self):
         # emails, URLs and ids are found by C passes over the whole request (one pattern, map, set operations);
