@@ -224,6 +224,9 @@ def adversarial_bodies():
         ("api_call: ids in 62k URL paths", "/verify", json.dumps({
             "claim": "Updated customer 78 via http://b/c", "evidence": {
                 "response_status": 200, "request": " ".join("http://a/c/%d" % i for i in range(62000))}}).encode()),
+        ("generic: 1,300 stated values x 100 found", "/verify", json.dumps({
+            "claim": " ".join("k=%d" % i for i in range(3000))[:8190],
+            "evidence": {"a": [{"k": "9%d" % i} for i in range(100)]}}).encode()),
         ("generic: a string of escaped quotes after ':'", "/verify", verify(
             "Set a_b, c_d and e_f", '{"s": ":', '\\"', '"}')),
         ("api_call: a URL of one 1 MiB path segment", "/verify", verify(
@@ -536,6 +539,25 @@ class Issue11Speed(unittest.TestCase):
             self.assertLessEqual(len(body), va.MAX_BODY, label)
             self.assertIn(answer(path, body), (V, C, I, U, "invalid_json", "unknown_field", "invalid_request", "isError"),
                           label)
+
+    def test_generic_value_codes_agree_with_each_claimed_value_against_each_found(self):
+        # the found values are read once and each claimed value is looked up; before, each claimed value was compared
+        # with every found one (1,300 stated values x 100 found: 0.37 s). Same codes on random sets of both.
+        def as_it_was(claimed, found):
+            same = set()
+            for val, num, meaning in ((val, va._number(val), va._MEANINGS.get(val)) for val in claimed):
+                typed = [v for v in found if (va._number(v) is None) == (num is None)]
+                same |= {any(v == val or meaning and va._MEANINGS.get(v) == meaning
+                             or num is not None and va._es_number(va._number(v)) == va._es_number(num)
+                             for v in typed)} if typed else set()
+            return None if not same else "explicit_value_conflict" if False in same else "explicit_value_match"
+        rng = __import__("random").Random(1300)
+        values = ["1", "1.0", "1,000", "1000", "10", "2.50", "2.5", "007", "7", "on", "true", "enabled", "off", "false",
+                  "passed", "success", "failed", "error", "yes", "no", "x", "", "1,00", "0.1", ".5"]
+        for _ in range(5000):
+            claimed = set(rng.sample(values, rng.randint(0, 4)))
+            found = [rng.choice(values) for _ in range(rng.randint(0, 5))]
+            self.assertEqual(va._value_code(claimed, found), as_it_was(claimed, found), (claimed, found))
 
     def test_generic_values_text_drops_exactly_the_keys(self):
         # keys (with their ':') go, every other string stays: the same tokens, in order, as a reader that walks the

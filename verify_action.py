@@ -1175,17 +1175,17 @@ def _evidence_values(text, keys):
 
 
 def _value_code(claimed, found):
-    # One code for a key, however often the claim states it: numbers meet numbers, words strings and literals.
-    same = set()
-    for val, num, meaning in ((val, _number(val), _MEANINGS.get(val)) for val in claimed):
-        typed = [v for v in found if (_number(v) is None) == (num is None)]
-        same |= {
-            any(
-                v == val or meaning and _MEANINGS.get(v) == meaning
-                or num is not None and _es_number(_number(v)) == _es_number(num)
-                for v in typed
-            )
-        } if typed else set()
+    # One code for a key, however often the claim states it: numbers meet numbers (in ECMAScript form), words meet
+    # strings and literals, alike or of the same meaning. The found values (at most 100) are read once: a claim can
+    # state one key 1,300 times, and each against every found value took 0.37 s.
+    found_numbers = {_es_number(n) for n in map(_number, found) if n is not None}
+    found_words = {v for v in found if _number(v) is None}
+    found_meanings = set(map(_MEANINGS.get, found_words)) - {None}
+    meets = lambda val, num: (  # None where nothing was found of its type
+        (_es_number(num) in found_numbers if found_numbers else None) if num is not None
+        else (val in found_words or _MEANINGS.get(val) in found_meanings) if found_words else None
+    )
+    same = set(map(meets, claimed, map(_number, claimed))) - {None}
     return None if not same else "explicit_value_conflict" if False in same else "explicit_value_match"
 
 
