@@ -1989,7 +1989,7 @@ class PayeeIndex:
         hold the account's four-digit groups starting at digits 1, 9, 17...; with fewer than four digits, the
         records whose line holds the account once spaces and hyphens are dropped (a mention is ASCII, so ASCII upper
         case), or holds an escape (\\u) that may write one of its characters. Only candidates are parsed."""
-        digits, candidates = re.sub("[^0-9]+", "", account), None
+        digits, candidates, needle = re.sub("[^0-9]+", "", account), None, account.encode()
         for at in range(0, len(digits) - 3, 8):
             gram = int(digits[at:at + 4]) << 14
             holding = {key & 0x3FFF for key in self.grams[bisect_left(self.grams, gram):
@@ -1998,7 +1998,7 @@ class PayeeIndex:
         candidates = candidates if candidates is not None else [
             i for i, line in enumerate(map(self.snapshot.records.__getitem__,
                                            map(slice, self.snapshot.offsets, self.snapshot.offsets[1:])))
-            if b"\\u" in line or account.encode() in line.translate(None, b" -").upper()]
+            if b"\\u" in line or needle in line.translate(None, b" -").upper()]
         records = [self.snapshot.record(i) for i in candidates if i not in exclude]
         found = [{"record_id": record["record_id"], "date_last_utc": record["date_last_utc"],
                   "speaker": record["speaker"], "evidence": [citation for citation in record["evidence"]

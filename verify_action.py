@@ -1181,11 +1181,12 @@ def _value_code(claimed, found):
     found_numbers = {_es_number(n) for n in map(_number, found) if n is not None}
     found_words = {v for v in found if _number(v) is None}
     found_meanings = set(map(_MEANINGS.get, found_words)) - {None}
-    meets = lambda val, num: (  # None where nothing was found of its type
-        (_es_number(num) in found_numbers if found_numbers else None) if num is not None
-        else (val in found_words or _MEANINGS.get(val) in found_meanings) if found_words else None
-    )
-    same = set(map(meets, claimed, map(_number, claimed))) - {None}
+    same = set()
+    for val, num in zip(claimed, map(_number, claimed)):  # a value meets only found values of its type, if any
+        if num is not None and found_numbers:
+            same.add(_es_number(num) in found_numbers)
+        elif num is None and found_words:
+            same.add(val in found_words or _MEANINGS.get(val) in found_meanings)
     return None if not same else "explicit_value_conflict" if False in same else "explicit_value_match"
 
 
