@@ -1243,15 +1243,12 @@ def judge_freshness(pack_dates, authenticated, now_ns):
 
 def strict_refusal(freshness):
     """Why --strict refuses this freshness, or None when it is fresh."""
-    status = freshness["status"]
-    if status == "unknown":
-        return "pack has no PACK.json expiry date, and --strict requires a signed, unexpired pack"
-    if status == "stale":
-        return "pack expired at %s, and --strict refuses an expired pack" % freshness["expires_utc"]
-    if status == "not_yet_valid":
-        return ("pack created_utc %s is more than 5 minutes in the future (check this computer's clock), "
-                "and --strict refuses it" % freshness["created_utc"])
-    return None
+    refusals = {
+        "unknown": "pack has no PACK.json expiry date, and --strict requires a signed, unexpired pack",
+        "stale": "pack expired at %s, and --strict refuses an expired pack" % freshness["expires_utc"],
+        "not_yet_valid": "pack created_utc %s is more than 5 minutes in the future (check this computer's clock), "
+                         "and --strict refuses it" % freshness["created_utc"]}
+    return refusals.get(freshness["status"])
 
 
 def decide(pack, policy, now_ns):
@@ -1622,6 +1619,14 @@ def _candidates(block, ascii_words):
     return kept, _folded_texts(compress(texts, kept))
 
 
+def _places(dates, ids):
+    """The records' date_last_utc instants and IDs -> (record index by place, place by record index), as
+    arrays of 16 bits: place 0 ranks worst, the oldest date, then the highest record ID."""
+    by_place = sorted(range(len(ids)), key=ids.__getitem__, reverse=True)
+    by_place.sort(key=dates.__getitem__)
+    return array.array("H", by_place), array.array("H", sorted(range(len(ids)), key=by_place.__getitem__))
+
+
 def _by_place(keys):
     """A word's keys -> {place: occurrences}."""
     return dict(zip(map(and_, keys, repeat(PLACE_MASK)), map(rshift, keys, repeat(PLACE_BITS))))
@@ -1658,10 +1663,9 @@ class SearchIndex:
 
     def _build(self):
         try:
-            blocks, dates, ids = self._source
-            self.by_place = sorted(range(len(ids)), key=ids.__getitem__, reverse=True)
-            self.by_place.sort(key=dates.__getitem__)     # worst rank first: oldest, then highest record ID
-            self.place_of = array.array("H", sorted(range(len(ids)), key=self.by_place.__getitem__))
+            blocks = self._source[0]
+            self.by_place, self.place_of = _places(*self._source[1:])
+            self._source = None               # the dates and IDs go before the words come: a lower peak
             postings = {}
             get = postings.get
             for k in range(len(blocks) - 1, -1, -1):
@@ -1675,12 +1679,11 @@ class SearchIndex:
                             keys = postings[word] = array.array("Q", keys)
                             keys.append(count << PLACE_BITS | self.place_of[i])
                     self._between(postings, blocks, texts, i)
-            self._densify(postings, len(ids))
+            self._densify(postings, len(self.by_place))
             self.postings = postings
         except BaseException as e:            # e.g. MemoryError: reported by search(), never a hang
             self.failure = e
         finally:
-            self._source = None
             with self._lock:
                 self._ready.set()
             for request in self._asked:       # asked just now: answered from the finished index
