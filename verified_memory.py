@@ -1562,16 +1562,18 @@ _WORD_BYTES = bytes(byte if byte > 127 or chr(byte).isalnum() or byte == 95 else
 _ASCII = bytes(range(128))
 
 
-def _folded(text):
-    """text -> UTF-8 of its NFKC-normalised, case-folded form in which every character that is not a word
-    character (\\w: alphanumeric or _) is a space.
+def _folded(text, utf8=None):
+    """text (and its UTF-8, when the caller has it) -> UTF-8 of its NFKC-normalised, case-folded form in which
+    every character that is not a word character (\\w: alphanumeric or _) is a space.
 
     C-speed passes instead of a regular expression: a bytes.translate() folds the ASCII letters and spaces the
     other ASCII bytes, and only when the other characters are not all lower-case letters already is each
     distinct one of them folded and checked. Folding one character at a time is exact: str.casefold() has no
-    context, and every character it yields folds to itself.
+    context, and every character it yields folds to itself. A text already in NFKC (normalize gives back the
+    same object) is not encoded again when its UTF-8 is at hand.
     """
-    folded = unicodedata.normalize("NFKC", text).encode("utf-8", "surrogatepass")
+    normal = unicodedata.normalize("NFKC", text)
+    folded = utf8 if normal is text and utf8 is not None else normal.encode("utf-8", "surrogatepass")
     others = folded.translate(None, _ASCII).decode("utf-8", "surrogatepass")
     if others and not (others.isalnum() and others.casefold() == others):
         for char in set(others):
@@ -1589,7 +1591,7 @@ def search_words(text):
 
 def _folded_texts(texts):
     """Search texts in UTF-8 (those of a _text_block) -> the folded text of each, in order."""
-    return [_folded(text.decode("utf-8")) for text in texts]
+    return [_folded(text.decode("utf-8"), text) for text in texts]
 
 
 @functools.lru_cache(maxsize=None)
