@@ -1527,6 +1527,30 @@ class TestSearchIndexPaths(SearchCase):
         with self.assertRaisesRegex(RuntimeError, r"could not be built \(TypeError\)"):
             failing.search(["a"])             # asked, then released by the failure: no hang
 
+    def test_a_client_that_keeps_searching_does_not_hold_the_build_back(self):
+        # a search asked again the moment it is answered, all through the build: after each early answer the
+        # build indexes an eighth of the records left before it answers the next, and every answer is exact
+        class KeepsAsking(vm.SearchIndex):
+            def _between(self, postings, blocks, texts, done):
+                if not self._asked:           # as the stdio loop does: the next search once one is answered
+                    self._asked.append([[b"a", b"b"], 10, threading.Event(), None])
+                super()._between(postings, blocks, texts, done)
+
+            def _early(self, *args):
+                answer = super()._early(*args)
+                answers.append((args[-1], answer))
+                return answer
+        rng, answers = random.Random(4), []
+        self.check_against_scan([" ".join(rng.choices("abcd", k=5)) for _ in range(600)], ["a", "b"], rng, queries=1)
+        index = index_over(read(os.path.join(self.tools.snapshot.root, "records.jsonl")), KeepsAsking)
+        index.start()
+        index._ready.wait()
+        dones = [done for done, _ in answers]
+        self.assertEqual(dones[0], 599)       # the first answer comes at once, after one record
+        self.assertEqual(dones[1:], [min(done - 1, done - done // 8) for done in dones[:-1]])
+        self.assertLess(len(dones), 60)       # one answer a record would be 600 answers
+        self.assertEqual([answer for _, answer in answers], [index._lookup([b"a", b"b"], 10)] * len(answers))
+
     def test_a_word_two_to_the_18_times_in_one_record_gets_64_bit_keys(self):
         records = [{"statement": " ".join(["a"] * (1 << 18)), "topic": "t", "evidence": [{"quote": "q"}]},
                    {"statement": "a b", "topic": "t", "evidence": [{"quote": "q"}]}]

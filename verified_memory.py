@@ -1654,7 +1654,9 @@ class SearchIndex:
 
     def __init__(self, blocks, dates, ids):
         self._source = (blocks, dates, ids)
-        self._lock, self._ready, self._started, self._asked = threading.Lock(), threading.Event(), False, []
+        # _answer_at: the search asked first is answered after the first record (_between)
+        self._lock, self._ready, self._started, self._asked, self._answer_at = (threading.Lock(), threading.Event(),
+                                                                                False, [], len(ids))
         self.postings, self.failure, self.dense, self.lane_masks = None, None, {}, {}
 
     def start(self):
@@ -1694,13 +1696,19 @@ class SearchIndex:
     def _between(self, postings, blocks, texts, done):
         """Between two records (`done` and those after it are indexed): answer the searches asked meanwhile.
         The records not yet indexed are those of the `blocks` still there, then the first of the block being
-        indexed, whose folded `texts` are at hand."""
+        indexed, whose folded `texts` are at hand. Once it has answered, the build indexes an eighth of the
+        records left before it answers again: an early answer scans every record not yet indexed, and a
+        client that kept searching would otherwise hold the build back for as long as it searched (all the
+        early answers together now scan at most about 8 times the records, however many are asked)."""
+        if not self._asked or done > self._answer_at:
+            return
         while self._asked:                    # listed until answered: a failure releases it with the others
             request = self._asked[0]
             request[3] = self._early(request[0], request[1], postings, blocks, texts, done)
             with self._lock:
                 self._asked.remove(request)
             request[2].set()
+        self._answer_at = done - done // 8
 
     def _early(self, words, limit, postings, blocks, texts, done):
         """The answer before the index is complete: from the keys of the records indexed, and for the others
