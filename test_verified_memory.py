@@ -4705,9 +4705,27 @@ class TestCheckPayeeCommand(McpProcessCase):
                 tools = vm.ToolServer(vm.load_pack(EXAMPLE, vm.TrustPolicy(), NOW), lambda: NOW)
                 self.assertEqual(payload, tools.call(PAYEE, {"payee": payee, "account": account})[0])
 
+    def test_each_command_names_every_flag_it_cannot_run_without(self):
+        for argv, message in ((["build", "--messages", "m", "--out", "o"], "build needs --records and --title"),
+                              (["sign", "--pack", "p", "--key", "k", "--out", "o"], "sign needs --expires"),
+                              (["sign"], "sign needs --pack and --key and --expires and --out"),
+                              (["dist"], "dist needs --out"), (["import", "--out", "o"], "import needs --export"),
+                              (["maker"], "maker needs --export and --out"),
+                              (["check-payee", "--payee", "A"], "check-payee needs --account")):
+            with self.assertRaises(vm.UsageError, msg=argv) as caught:
+                vm.parse_args(argv)
+            self.assertEqual(str(caught.exception), message)
+        self.assertEqual(vm.parse_args(["dist", "--help"]), ("help", {}, []))   # help needs nothing
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "pack")
+            done = run("build", "--messages", os.path.join(HERE, "examples", "input", "messages.jsonl"), "--out", out)
+            self.assertEqual((done.returncode, done.stdout), (2, b""))
+            self.assertIn(b"build needs --records and --title (see --help)", done.stderr)
+            self.assertEqual(os.listdir(tmp), [])
+
     def test_usage_errors_exit_2(self):
-        for args, message in ((("--payee", "A"), "check-payee needs --payee NAME and --account ACCOUNT"),
-                              (("--account", "111000025"), "check-payee needs --payee NAME and --account ACCOUNT"),
+        for args, message in ((("--payee", "A"), "check-payee needs --account (see --help)"),
+                              (("--account", "111000025"), "check-payee needs --payee (see --help)"),
                               (("--payee=", "--account", "1"), "--payee is empty"),
                               (("--payee", "A", "--account", "1", "extra"), "check-payee takes no positional"),
                               (("--payee", "A", "--amount", "5"), "unknown flag --amount for check-payee")):
@@ -5494,7 +5512,7 @@ class TestPackMakerApi(MakerCase):
                 (("--export", os.path.join(self.tmp, "none.zip"), "--out", os.path.join(self.tmp, "p")), 1,
                  b"cannot be read"),
                 (("--export", EXAMPLE, "--out", os.path.join(self.tmp, "taken")), 1, b"already exists"),
-                (("--out", os.path.join(self.tmp, "p")), 2, b"maker needs --export and --out"),
+                (("--out", os.path.join(self.tmp, "p")), 2, b"maker needs --export (see --help)"),
                 (("--export", SCRIPT, "--out", os.path.join(self.tmp, "p"), "--port", "70000"), 2,
                  b"--port must be a port number")):
             with self.subTest(args=args):

@@ -2562,9 +2562,6 @@ def _read_input(path, limit):
 
 def build_command(options):
     """`build`: messages + records -> a new pack folder, verified by the server's own loader."""
-    for flag in ("--messages", "--records", "--out", "--title"):
-        if not options.get(flag):
-            raise UsageError("build needs %s" % flag)
     messages = _read_input(options["--messages"], MAX_INPUT_BYTES["messages"])
     records = _read_input(options["--records"], MAX_INPUT_BYTES["records"])
     files = build_pack_files(messages, records, options["--title"], options.get("--description") or "",
@@ -2599,9 +2596,6 @@ def parse_expires(value, now_seconds):
 def sign_command(options):
     """`sign`: copy a verified pack, date it, reseal SHA256SUMS, sign with ssh-keygen, verify strictly, publish."""
     import subprocess   # the only command that starts a process
-    for flag in ("--pack", "--key", "--expires", "--out"):
-        if not options.get(flag):
-            raise UsageError("sign needs %s" % flag)
     key = os.path.abspath(options["--key"])
     public_text = _read_input(key + ".pub", MAX_HOST_FILE_BYTES).decode("utf-8", "replace").split()
     if len(public_text) < 2 or public_text[0] != "ssh-ed25519":
@@ -3512,9 +3506,7 @@ def serve_maker(maker, port, announce):
         server.server_close()
 
 
-def _load_export(options, command):
-    if not options.get("--export") or not options.get("--out"):
-        raise UsageError("%s needs --export and --out" % command)
+def _load_export(options):
     if os.path.lexists(options["--out"]):
         raise PackError("%s already exists; --out must name something that does not exist yet" % options["--out"])
     return read_export(_read_input(options["--export"], MAX_EXPORT_BYTES), options["--export"])
@@ -3522,7 +3514,7 @@ def _load_export(options, command):
 
 def import_command(options, positional):
     """`import`: a ChatGPT or Claude export -> the builder's messages.jsonl, written only if it did not exist."""
-    export = _load_export(options, "import")
+    export = _load_export(options)
     try:
         _write_new(options["--out"], messages_jsonl(enumerate(export.messages, 1)))
     except BaseException as e:
@@ -3553,7 +3545,7 @@ def maker_command(options, positional):
     port = options.get("--port") or "0"
     if not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
         raise UsageError("--port must be a port number from 0 (any free port) to 65535")
-    export = _load_export(options, "maker")
+    export = _load_export(options)
     records = options.get("--records")
     maker = PackMaker(export, options["--out"], [record for _, record in _input_objects(_read_input(
         records, MAX_INPUT_BYTES["records"]), records)] if records else ())
@@ -3765,8 +3757,6 @@ def server_json(registry_name, release_url, bundle_sha256, dist_name):
 
 def dist_command(options):
     """`dist`: the .mcpb bundle, the wheel and (with the registry flags) server.json, published like a pack."""
-    if not options.get("--out"):
-        raise UsageError("dist needs --out")
     registry_name, release_url = options.get("--registry-name"), options.get("--release-url")
     dist_name = options.get("--pypi-name") or "verified-memory"
     bundle_name = "verified-memory-%s.mcpb" % VERSION
@@ -3828,14 +3818,20 @@ PYTHON_COMMAND = "python" if os.name == "nt" else "python3"     # what a python.
 TRUST_FLAGS = {"--trusted-keys": "value", "--trusted-fingerprint": "list", "--revoked-keys": "value",
                "--min-sequence": "value", "--require-signature": "bool", "--strict": "bool"}
 SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "value", "--sandbox": "value"})
-COMMANDS = {"serve": (SERVE_FLAGS, ()), "check": (SERVE_FLAGS, ()), "search": (SERVE_FLAGS, ("QUERY",)),
-            "get": (SERVE_FLAGS, ("RECORD_ID",)),
-            "check-payee": (dict(SERVE_FLAGS, **{"--payee": "value", "--account": "value"}), ()),
-            "build": (dict.fromkeys(("--messages", "--records", "--out", "--title", "--description"), "value"), ()),
-            "sign": (dict.fromkeys(("--pack", "--key", "--expires", "--sequence", "--out"), "value"), ()),
-            "dist": (dict.fromkeys(("--out", "--registry-name", "--release-url", "--pypi-name"), "value"), ()),
-            "import": (dict.fromkeys(("--export", "--out"), "value"), ()), "export-shape": ({}, ("FILE",)),
-            "maker": (dict.fromkeys(("--export", "--out", "--records", "--port"), "value"), ())}
+# command -> (its flags, its positional arguments, the flags it cannot run without)
+COMMANDS = {"serve": (SERVE_FLAGS, (), ()), "check": (SERVE_FLAGS, (), ()), "search": (SERVE_FLAGS, ("QUERY",), ()),
+            "get": (SERVE_FLAGS, ("RECORD_ID",), ()),
+            "check-payee": (dict(SERVE_FLAGS, **{"--payee": "value", "--account": "value"}), (),
+                            ("--payee", "--account")),
+            "build": (dict.fromkeys(("--messages", "--records", "--out", "--title", "--description"), "value"), (),
+                      ("--messages", "--records", "--out", "--title")),
+            "sign": (dict.fromkeys(("--pack", "--key", "--expires", "--sequence", "--out"), "value"), (),
+                     ("--pack", "--key", "--expires", "--out")),
+            "dist": (dict.fromkeys(("--out", "--registry-name", "--release-url", "--pypi-name"), "value"), (),
+                     ("--out",)),
+            "import": (dict.fromkeys(("--export", "--out"), "value"), (), ("--export", "--out")),
+            "export-shape": ({}, ("FILE",), ()),
+            "maker": (dict.fromkeys(("--export", "--out", "--records", "--port"), "value"), (), ("--export", "--out"))}
 
 
 class UsageError(Exception):
@@ -3848,7 +3844,7 @@ def parse_args(argv):
     command = argv.pop(0) if argv and not argv[0].startswith("-") else "serve"
     if command not in COMMANDS:
         raise UsageError("unknown command %r (commands: %s)" % (command, ", ".join(COMMANDS)))
-    flags, wanted = COMMANDS[command]
+    flags, wanted, required = COMMANDS[command]
     options, positional, i, flags_done = {}, [], 0, False
     while i < len(argv):
         arg = argv[i]
@@ -3886,6 +3882,9 @@ def parse_args(argv):
             options[name] = value
     if len(positional) != len(wanted):
         raise UsageError("%s takes %s" % (command, " ".join(wanted) if wanted else "no positional arguments"))
+    missing = [flag for flag in required if not options.get(flag)]
+    if missing:
+        raise UsageError("%s needs %s" % (command, " and ".join(missing)))
     return command, options, positional
 
 
@@ -3957,8 +3956,6 @@ def main(argv=None):
             return dist_command(options)
         if command in EXPORT_COMMANDS:
             return EXPORT_COMMANDS[command](options, positional)
-        if command == "check-payee" and not (options.get("--payee") and options.get("--account")):
-            raise UsageError("check-payee needs --payee NAME and --account ACCOUNT")
         mode = options.get("--sandbox") or "auto"   # unset, empty or ${...}: auto
         if mode not in SANDBOX_MODES:
             raise UsageError("--sandbox takes auto, on or off, got %r" % mode)
