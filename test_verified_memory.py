@@ -19,6 +19,7 @@ import hashlib
 import http.client
 import importlib.util
 import io
+import itertools
 import json
 import os
 import py_compile
@@ -1360,23 +1361,33 @@ def reference_words(text):
 def index_over(records, index_class=vm.SearchIndex, *args):
     """A search index over records.jsonl bytes, as a snapshot makes it."""
     offsets, ids, dates, blocks = vm.parse_records(records)
-    return index_class(blocks, dates, ids, *args)
+    return index_class(blocks, dates, ids, records, offsets, *args)
+
+
+def text_index(records, index_class=vm.SearchIndex, *args):
+    """A search index over records with only the fields of their search texts (text_record), dated by their
+    order, their lines written as records.jsonl holds them."""
+    lines = [record_line(record).encode() + b"\n" for record in records]
+    blocks = [vm._text_block(records[first:first + vm.BLOCK_RECORDS]) for first in range(0, len(records),
+                                                                                         vm.BLOCK_RECORDS)]
+    offsets = array.array("L", [0] + list(itertools.accumulate(map(len, lines))))
+    return index_class(blocks, list(range(len(records))), ["M-%d" % i for i in range(len(records))],
+                       b"".join(lines), offsets, *args)
 
 
 class EarlyAnswers(vm.SearchIndex):
     """An index that, at a few points of its build, answers `queries` the way it answers a search asked
     before the index is complete: when 1 record, half of them and all but one are indexed."""
 
-    def __init__(self, blocks, dates, ids, queries):
-        super().__init__(blocks, dates, ids)
-        self.queries, self.indexed, self.early = [[w.encode() for w in query] for query in queries], 0, []
-        self.checkpoints = {1, len(ids) // 2, len(ids) - 1}
+    def __init__(self, blocks, dates, ids, records, offsets, queries):
+        super().__init__(blocks, dates, ids, records, offsets)
+        self.queries, self.early = [[w.encode() for w in query] for query in queries], []
+        self.checkpoints = {len(ids) - 1, len(ids) - len(ids) // 2, 1}     # `done`: the records not yet indexed
 
-    def _between(self, postings, blocks, texts, done):
-        self.indexed += 1
-        if self.indexed in self.checkpoints:
-            self.early.append([self._early(query, 10, postings, blocks, texts, done) for query in self.queries])
-        super()._between(postings, blocks, texts, done)
+    def _between(self, postings, blocks, done):
+        if done in self.checkpoints:
+            self.early.append([self._early(query, 10, postings, blocks, done) for query in self.queries])
+        super()._between(postings, blocks, done)
 
 
 class TestSearchIndexPaths(SearchCase):
@@ -1523,7 +1534,7 @@ class TestSearchIndexPaths(SearchCase):
             early = index.search(query)
             index._ready.wait()
             self.assertEqual((index.early, early), (1, index.search(query)), query)
-        failing = AnswersEarly([None], [0], ["M-1"])
+        failing = AnswersEarly([None], [0], ["M-1"], b"", [0, 0])
         with self.assertRaisesRegex(RuntimeError, r"could not be built \(TypeError\)"):
             failing.search(["a"])             # asked, then released by the failure: no hang
 
@@ -1531,10 +1542,10 @@ class TestSearchIndexPaths(SearchCase):
         # a search asked again the moment it is answered, all through the build: after each early answer the
         # build indexes an eighth of the records left before it answers the next, and every answer is exact
         class KeepsAsking(vm.SearchIndex):
-            def _between(self, postings, blocks, texts, done):
+            def _between(self, postings, blocks, done):
                 if not self._asked:           # as the stdio loop does: the next search once one is answered
                     self._asked.append([[b"a", b"b"], 10, threading.Event(), None])
-                super()._between(postings, blocks, texts, done)
+                super()._between(postings, blocks, done)
 
             def _early(self, *args):
                 answer = super()._early(*args)
@@ -1546,7 +1557,7 @@ class TestSearchIndexPaths(SearchCase):
         index.start()
         index._ready.wait()
         dones = [done for done, _ in answers]
-        self.assertEqual(dones[0], 599)       # the first answer comes at once, after one record
+        self.assertEqual(dones[0], 600)       # the first answer comes at once, as the first block gives way to spans
         self.assertEqual(dones[1:], [min(done - 1, done - done // 8) for done in dones[:-1]])
         self.assertLess(len(dones), 60)       # one answer a record would be 600 answers
         self.assertEqual([answer for _, answer in answers], [index._lookup([b"a", b"b"], 10)] * len(answers))
@@ -1554,8 +1565,7 @@ class TestSearchIndexPaths(SearchCase):
     def test_a_word_two_to_the_18_times_in_one_record_gets_64_bit_keys(self):
         records = [{"statement": " ".join(["a"] * (1 << 18)), "topic": "t", "evidence": [{"quote": "q"}]},
                    {"statement": "a b", "topic": "t", "evidence": [{"quote": "q"}]}]
-        blocks = [vm._text_block(records)]
-        probe = EarlyAnswers(blocks, [0, 1], ["M-1", "M-2"], [["a"], ["b", "a"]])
+        probe = text_index(records, EarlyAnswers, [["a"], ["b", "a"]])
         probe.start()
         probe._ready.wait()
         self.assertIsNone(probe.failure)
@@ -1569,9 +1579,7 @@ class TestSearchIndexPaths(SearchCase):
         # (300 records: the first block is still unfolded when the early answers are taken)
         statements = ["Émile ÉTÉ", "x été", "émile y"] + ["z"] * 297
         records = [text_record(text) for text in statements]
-        blocks = [vm._text_block(records[first:first + vm.BLOCK_RECORDS]) for first in range(0, 300, vm.BLOCK_RECORDS)]
-        probe = EarlyAnswers(blocks, list(range(300)), ["M-%d" % i for i in range(300)],
-                             [["été"], ["émile", "été"], ["t", "été"]])
+        probe = text_index(records, EarlyAnswers, [["été"], ["émile", "été"], ["t", "été"]])
         probe.start()
         probe._ready.wait()
         self.assertIsNone(probe.failure)
@@ -1588,7 +1596,7 @@ class TestSearchIndexPaths(SearchCase):
 
             def _early(self, *args):
                 raise MemoryError
-        index = FailsEarly([vm._text_block([text_record("a b")] * 3)], [0, 1, 2], ["M-1", "M-2", "M-3"])
+        index = text_index([text_record("a b")] * 3, FailsEarly)
         outcome = []
 
         def ask():
@@ -1602,6 +1610,33 @@ class TestSearchIndexPaths(SearchCase):
         self.assertFalse(asker.is_alive(), "a search asked before a failed early answer hangs")
         self.assertEqual(outcome, ["the search index could not be built (MemoryError)"])
 
+    def test_a_block_of_texts_is_read_from_records_jsonl_where_its_line_holds_them_as_they_are(self):
+        # the index thread swaps a block's texts for spans of records.jsonl: read back, they must be the same
+        # bytes however the JSON was written (escapes, \\u forms, key order, a text also in other lines)
+        rng = random.Random(5)
+        alphabet = 'ab \u00e9\U0001f600"\\\n\t/\u2028\x7f<>&'
+        for ensure_ascii, sort_keys in ((False, False), (True, False), (False, True)):
+            records = [{"statement": "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))),
+                        "topic": rng.choice(["t", "a b", "\u00e9"]),
+                        "evidence": [{"quote": rng.choice(["q", "ab", "a\\b"])}] * rng.randint(1, 3)}
+                       for _ in range(300)]
+            lines = [json.dumps(record, ensure_ascii=ensure_ascii, sort_keys=sort_keys).encode() + b"\n"
+                     for record in records]
+            data, offsets = b"".join(lines), [0] + list(itertools.accumulate(map(len, lines)))
+            for first in (0, vm.BLOCK_RECORDS):
+                texts = vm._block_bytes(vm._text_block(records[first:first + vm.BLOCK_RECORDS]), b"")
+                self.assertEqual(texts.split(vm.TEXT_BREAK),
+                                 [search_text(record).encode() for record in records[first:first + vm.BLOCK_RECORDS]])
+                spans = vm._spans(texts, data, offsets[first:])
+                self.assertEqual(vm._block_bytes(spans, data), texts)
+                pieces = texts.split(b"\n")
+                kept = [piece for piece, start in zip(pieces, spans[0]) if start < 0]
+                self.assertEqual(spans[2], b"".join(kept))          # only what records.jsonl cannot give
+                self.assertEqual(kept.count(vm.TEXT_BREAK), texts.count(vm.TEXT_BREAK))
+                for piece, start in zip(pieces, spans[0]):
+                    if piece != vm.TEXT_BREAK and json.dumps(piece.decode(), ensure_ascii=ensure_ascii)[1:-1] == piece.decode():
+                        self.assertGreaterEqual(start, 0, piece)    # written as it is: read from its line
+
     def test_an_early_answer_folds_every_text_that_may_hold_the_words(self):
         # without folding, a text is passed over only when an ASCII word is not in its bytes lowered and
         # none of its characters folds into ASCII; every text whose folded words hold them all is kept
@@ -1610,7 +1645,7 @@ class TestSearchIndexPaths(SearchCase):
                     "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044")
         for _ in range(40):
             texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(50)]
-            block = vm._text_block([text_record(text) for text in texts])[:]
+            block = vm._block_bytes(vm._text_block([text_record(text) for text in texts]), b"")
             words = [vm.search_words(text) for text in texts]
             vocabulary = sorted({w for ws in words for w in ws if w.isascii()}) + ["k", "ss", "fi", "zz"]
             for _ in range(20):
@@ -1655,7 +1690,7 @@ class TestSourceWarnings(unittest.TestCase):
 class TestSearchIndexFailure(TempDirCase):
     def test_a_failed_index_build_is_a_tool_error_not_a_hang(self):
         snapshot = self.load(EXAMPLE)
-        snapshot.index = vm.SearchIndex([None], [0], ["M-1"])     # reading None as a block raises TypeError
+        snapshot.index = vm.SearchIndex([None], [0], ["M-1"], b"", [0, 0])   # reading None as a block: TypeError
         tools = vm.ToolServer(snapshot, lambda: NOW)
         self.assertEqual(tools.call("verified_memory_search", {"query": "garden"}),
                          (None, "verified-memory: the search index could not be built (TypeError); restart the server"))

@@ -45,8 +45,8 @@ import time
 import unicodedata
 from bisect import bisect_left
 from collections import Counter, defaultdict, namedtuple
-from itertools import chain, compress, repeat
-from operator import and_, itemgetter, le, lshift, or_, rshift, sub
+from itertools import accumulate, chain, compress, repeat
+from operator import add, and_, eq, gt, itemgetter, le, lshift, or_, rshift, sub
 
 # ============================================================================
 # §1 Constants and limits
@@ -843,8 +843,11 @@ def _checked_block(records, first_line, times, seen):
 
 def _text_block(records):
     """The search texts of records (what search reads of each: its statement, topic and quotes, one a line,
-    with a line break at either end, so that once folded every word has a space before and after it) ->
-    their UTF-8 with TEXT_BREAK between two, in a memory map of its own (read it as bytes with [:]).
+    with a line break at either end, so that once folded every word has a space before and after it) -> a
+    block of search texts (starts, lengths, spare): its pieces joined by line breaks are the texts' UTF-8
+    with TEXT_BREAK between two (_block_bytes). A piece is records.jsonl[start:start + length], or, where
+    start is negative, spare[~start:~start + length]. Here the one piece is all of spare, a memory map of
+    its own; the index thread makes most pieces spans of records.jsonl (_spans) before it indexes a word.
 
     Compact: as a str, a text with one emoji takes 4 bytes a character. Each field is encoded on its own (a
     str joined from several is as wide as its widest character, and slower to encode). A map of its own is
@@ -860,7 +863,31 @@ def _text_block(records):
     texts = b"\n".join(lines)
     block = mmap.mmap(-1, len(texts))
     block.write(texts)
-    return block
+    return array.array("i", [~0]), array.array("I", [len(texts)]), block
+
+
+def _spans(texts, records, lines):
+    """A block's texts (_block_bytes), records.jsonl and where the lines of the block's records start (and
+    the next one) -> the block with each of its pieces (the texts split at line breaks) that its own record's
+    line holds as it is made a span of records.jsonl: all of them but TEXT_BREAK and texts written with
+    JSON escapes. The snapshot keeps records.jsonl anyway, so while the index is built the texts take about
+    a twentieth of the memory (without this, two thirds as much again as records.jsonl: the peak)."""
+    pieces = texts.split(b"\n")
+    owners = list(accumulate(map(eq, pieces, repeat(TEXT_BREAK))))    # the record of each piece, 0 first
+    starts = list(map(records.find, pieces, map(lines.__getitem__, owners),
+                      map(lines.__getitem__, map(add, owners, repeat(1)))))
+    spare = bytearray()
+    for i in compress(range(len(starts)), map(gt, repeat(0), starts)):     # -1: not found
+        starts[i] = ~len(spare)
+        spare += pieces[i]
+    return array.array("i", starts), array.array("I", map(len, pieces)), bytes(spare)
+
+
+def _block_bytes(block, records):
+    """A block of search texts (_text_block) -> the texts' UTF-8, TEXT_BREAK between two."""
+    starts, lengths, spare = block
+    return b"\n".join([records[start:start + length] if start >= 0 else spare[~start:~start + length]
+                       for start, length in zip(starts, lengths)])
 
 
 def _parsed_line(raw, number):
@@ -1187,12 +1214,9 @@ class TrustPolicy(namedtuple("TrustPolicy", "trusted pinned revoked min_sequence
 
     def signature_required_by(self):
         """The flag that makes a trusted signature mandatory, or None."""
-        for flag, on in (("--strict", self.strict), ("--trusted-fingerprint", self.pinned),
-                         ("--min-sequence", self.min_sequence is not None),
-                         ("--require-signature", self.require_signature)):
-            if on:
-                return flag
-        return None
+        settings = (("--strict", self.strict), ("--trusted-fingerprint", self.pinned),
+                    ("--min-sequence", self.min_sequence is not None), ("--require-signature", self.require_signature))
+        return next((flag for flag, on in settings if on), None)
 
     def check(self):
         """Refuse settings that could never accept any pack."""
@@ -1411,7 +1435,7 @@ class PackSnapshot:
         self.ids = {record_id: i for i, record_id in enumerate(pack.ids)}
         self.pack_dates = pack.pack_dates
         self.pack = {"sha256sums_sha256": pack.manifest_sha256, "records": len(pack.ids)}
-        self.index = SearchIndex(pack.text_blocks, pack.dates, pack.ids)
+        self.index = SearchIndex(pack.text_blocks, pack.dates, pack.ids, pack.records, pack.offsets)
 
     def record(self, i):
         """A fresh copy of record i, parsed from the verified bytes."""
@@ -1645,15 +1669,16 @@ class SearchIndex:
     best records are read off one byte per place, not found by a loop over thousands of matches.
 
     The records' search texts come in blocks of UTF-8 (_text_block), taken when the pack was verified, so
-    that no record is parsed again. The build folds a block (NFKC, case folding, separators), indexes its
-    records and lets the block go, the last block first. A search that comes before the index is complete
+    that no record is parsed again. First, every block gives its texts up for spans of records.jsonl where
+    it can (_spans): the words then come into memory as the texts leave it. The build folds a block (NFKC,
+    case folding, separators), indexes its records and lets the block go, the last block first. A search that comes before the index is complete
     is answered by the building thread between two records: from the postings for the records done, and
     by folding the other records' texts and counting the words at C speed. Every way, the answer is
     exactly that of a linear scan.
     """
 
-    def __init__(self, blocks, dates, ids):
-        self._source = (blocks, dates, ids)
+    def __init__(self, blocks, dates, ids, records, offsets):
+        self._source, self._records = (blocks, dates, ids, offsets), records
         # _answer_at: the search asked first is answered after the first record (_between)
         self._lock, self._ready, self._started, self._asked, self._answer_at = (threading.Lock(), threading.Event(),
                                                                                 False, [], len(ids))
@@ -1667,13 +1692,18 @@ class SearchIndex:
 
     def _build(self):
         try:
-            blocks = self._source[0]
-            self.by_place, self.place_of = _places(*self._source[1:])
-            self._source = None               # the dates and IDs go before the words come: a lower peak
+            blocks, dates, ids, offsets = self._source
+            self.by_place, self.place_of = _places(dates, ids)
+            self._source = dates = ids = None     # the dates and IDs go before the words come: a lower peak
             postings = {}
             get = postings.get
+            for k in range(len(blocks)):          # the texts give way to spans of records.jsonl before words come
+                blocks[k] = _spans(_block_bytes(blocks[k], self._records), self._records,
+                                   offsets[k * BLOCK_RECORDS:])
+                self._between(postings, blocks, len(offsets) - 1)
             for k in range(len(blocks) - 1, -1, -1):
-                texts, blocks[k], first = _folded_texts(blocks[k][:].split(TEXT_BREAK)), None, k * BLOCK_RECORDS
+                texts, first = (_folded_texts(_block_bytes(blocks[k], self._records).split(TEXT_BREAK)),
+                                k * BLOCK_RECORDS)
                 for i in range(first + len(texts) - 1, first - 1, -1):
                     for word, count in Counter(texts[i - first].split()).items():
                         keys = get(word) or postings.setdefault(word, array.array("I"))   # never empty once made
@@ -1682,7 +1712,8 @@ class SearchIndex:
                         except OverflowError:     # 2**18 occurrences in one record: 64-bit keys for this word
                             keys = postings[word] = array.array("Q", keys)
                             keys.append(count << PLACE_BITS | self.place_of[i])
-                    self._between(postings, blocks, texts, i)
+                    self._between(postings, blocks, i)
+                blocks[k] = None
             self._densify(postings, len(self.by_place))
             self.postings = postings
         except BaseException as e:            # e.g. MemoryError: reported by search(), never a hang
@@ -1693,24 +1724,24 @@ class SearchIndex:
             for request in self._asked:       # asked just now: answered from the finished index
                 request[2].set()
 
-    def _between(self, postings, blocks, texts, done):
+    def _between(self, postings, blocks, done):
         """Between two records (`done` and those after it are indexed): answer the searches asked meanwhile.
-        The records not yet indexed are those of the `blocks` still there, then the first of the block being
-        indexed, whose folded `texts` are at hand. Once it has answered, the build indexes an eighth of the
-        records left before it answers again: an early answer scans every record not yet indexed, and a
-        client that kept searching would otherwise hold the build back for as long as it searched (all the
-        early answers together now scan at most about 8 times the records, however many are asked)."""
+        The records not yet indexed are those of the `blocks` still there, up to `done` (all of them while the
+        texts give way to spans). Once it has answered, the build indexes an eighth of the records left before
+        it answers again: an early answer scans every record not yet indexed, and a client that kept searching
+        would otherwise hold the build back for as long as it searched (all the early answers together now
+        scan at most about 8 times the records, however many are asked)."""
         if not self._asked or done > self._answer_at:
             return
         while self._asked:                    # listed until answered: a failure releases it with the others
             request = self._asked[0]
-            request[3] = self._early(request[0], request[1], postings, blocks, texts, done)
+            request[3] = self._early(request[0], request[1], postings, blocks, done)
             with self._lock:
                 self._asked.remove(request)
             request[2].set()
         self._answer_at = done - done // 8
 
-    def _early(self, words, limit, postings, blocks, texts, done):
+    def _early(self, words, limit, postings, blocks, done):
         """The answer before the index is complete: from the keys of the records indexed, and for the others
         (0 to `done` - 1) by folding their texts, a block at a time. A word is in a text iff b" w " is; to
         count it, the texts that hold every word get their spaces doubled, so that no two words share one."""
@@ -1722,12 +1753,9 @@ class SearchIndex:
         patterns, ascii_words = [b" %s " % word for word in words], [word for word in words if word.isascii()]
         for first in range(0, done, BLOCK_RECORDS):
             places = range(first, min(done, first + BLOCK_RECORDS))
-            unfolded = blocks[first // BLOCK_RECORDS]
-            if unfolded is None:
-                block = texts[:len(places)]
-            else:
-                kept, block = _candidates(unfolded[:], ascii_words)
-                places = list(compress(places, kept))
+            kept, block = _candidates(_block_bytes(blocks[first // BLOCK_RECORDS], self._records), ascii_words)
+            places = list(compress(places, kept))
+            block = block[:len(places)]       # in the block being indexed, those of the records not yet indexed
             for pattern in patterns:
                 present = [pattern in text for text in block]
                 places, block = list(compress(places, present)), list(compress(block, present))
@@ -3818,6 +3846,7 @@ PYTHON_COMMAND = "python" if os.name == "nt" else "python3"     # what a python.
 TRUST_FLAGS = {"--trusted-keys": "value", "--trusted-fingerprint": "list", "--revoked-keys": "value",
                "--min-sequence": "value", "--require-signature": "bool", "--strict": "bool"}
 SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "value", "--sandbox": "value"})
+PACKAGING_COMMANDS = {"build": build_command, "sign": sign_command, "dist": dist_command}
 # command -> (its flags, its positional arguments, the flags it cannot run without)
 COMMANDS = {"serve": (SERVE_FLAGS, (), ()), "check": (SERVE_FLAGS, (), ()), "search": (SERVE_FLAGS, ("QUERY",), ()),
             "get": (SERVE_FLAGS, ("RECORD_ID",), ()),
@@ -3889,9 +3918,7 @@ def parse_args(argv):
 
 
 def _host_file(path, flag):
-    if not os.path.isabs(path):
-        raise PackError("%s must be an absolute path, got %r" % (flag, path))
-    data = read_regular_file(path, MAX_HOST_FILE_BYTES, path)[0]
+    data = read_regular_file(plain_absolute_path(path, flag), MAX_HOST_FILE_BYTES, path)[0]
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -3900,13 +3927,9 @@ def _host_file(path, flag):
 
 def policy_from_options(options):
     """Read the trust flags (and their files, once) -> TrustPolicy; PackError or UsageError if unusable."""
-    trusted = revoked = ()
-    if options.get("--trusted-keys"):
-        trusted = parse_trusted_keys(_host_file(options["--trusted-keys"], "--trusted-keys"),
-                                     options["--trusted-keys"])
-    if options.get("--revoked-keys"):
-        revoked = parse_revoked_keys(_host_file(options["--revoked-keys"], "--revoked-keys"),
-                                     options["--revoked-keys"])
+    keys = {}
+    for flag, parse in (("--trusted-keys", parse_trusted_keys), ("--revoked-keys", parse_revoked_keys)):
+        keys[flag] = parse(_host_file(options[flag], flag), options[flag]) if options.get(flag) else ()
     try:
         pinned = [parse_fingerprint(value) for value in options.get("--trusted-fingerprint", ())]
     except ValueError as e:
@@ -3914,7 +3937,8 @@ def policy_from_options(options):
     minimum = options.get("--min-sequence")
     if minimum is not None and not re.fullmatch(r"[0-9]{1,18}", minimum):
         raise UsageError("--min-sequence must be a whole number, 0 or more, got %r" % minimum)
-    policy = TrustPolicy(trusted, pinned, revoked, None if minimum is None else int(minimum),
+    policy = TrustPolicy(keys["--trusted-keys"], pinned, keys["--revoked-keys"],
+                         None if minimum is None else int(minimum),
                          options.get("--require-signature") == "true", options.get("--strict") == "true")
     policy.check()
     return policy
@@ -3950,10 +3974,8 @@ def main(argv=None):
         if command in ("help", "version"):
             print(USAGE if command == "help" else "verified_memory.py %s" % VERSION)
             return 0
-        if command in ("build", "sign"):
-            return (build_command if command == "build" else sign_command)(options)
-        if command == "dist":
-            return dist_command(options)
+        if command in PACKAGING_COMMANDS:
+            return PACKAGING_COMMANDS[command](options)
         if command in EXPORT_COMMANDS:
             return EXPORT_COMMANDS[command](options, positional)
         mode = options.get("--sandbox") or "auto"   # unset, empty or ${...}: auto
