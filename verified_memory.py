@@ -1671,10 +1671,10 @@ class SearchIndex:
     The records' search texts come in blocks of UTF-8 (_text_block), taken when the pack was verified, so
     that no record is parsed again. First, every block gives its texts up for spans of records.jsonl where
     it can (_spans): the words then come into memory as the texts leave it. The build folds a block (NFKC,
-    case folding, separators), indexes its records and lets the block go, the last block first. A search that comes before the index is complete
-    is answered by the building thread between two records: from the postings for the records done, and
-    by folding the other records' texts and counting the words at C speed. Every way, the answer is
-    exactly that of a linear scan.
+    case folding, separators), indexes its records and lets the block go, the last block first. A search
+    that comes before the index is complete is answered by the building thread between two records: from
+    the postings for the records done, and by folding the other records' texts and counting the words at C
+    speed. Every way, the answer is exactly that of a linear scan.
     """
 
     def __init__(self, blocks, dates, ids, records, offsets):
