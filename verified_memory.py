@@ -1586,19 +1586,22 @@ _WORD_BYTES = bytes(byte if byte > 127 or chr(byte).isalnum() or byte == 95 else
 _ASCII = bytes(range(128))
 
 
-def _folded(text, utf8=None):
-    """text (and its UTF-8, when the caller has it) -> UTF-8 of its NFKC-normalised, case-folded form in which
-    every character that is not a word character (\\w: alphanumeric or _) is a space.
+def _folded(utf8):
+    """A text's UTF-8 -> UTF-8 of its NFKC-normalised, case-folded form in which every character that is not a
+    word character (\\w: alphanumeric or _) is a space.
 
-    C-speed passes instead of a regular expression: a bytes.translate() folds the ASCII letters and spaces the
-    other ASCII bytes, and only when the other characters are not all lower-case letters already is each
-    distinct one of them folded and checked. Folding one character at a time is exact: str.casefold() has no
-    context, and every character it yields folds to itself. A text already in NFKC (normalize gives back the
-    same object) is not encoded again when its UTF-8 is at hand.
+    C-speed passes instead of a regular expression. A text whose other characters than ASCII, read alone, are
+    in NFKC and hold no combining mark is in NFKC itself, and is neither decoded nor normalised whole (most
+    texts): no ASCII character composes with a character that follows or precedes it (a test checks this of
+    the Unicode data of each Python), and reordering moves combining marks only. Then a bytes.translate()
+    folds the ASCII letters and spaces the other ASCII bytes, and only when the other characters are not all
+    lower-case letters already is each distinct one of them folded and checked. Folding one character at a
+    time is exact: str.casefold() has no context, and every character it yields folds to itself.
     """
-    normal = unicodedata.normalize("NFKC", text)
-    folded = utf8 if normal is text and utf8 is not None else normal.encode("utf-8", "surrogatepass")
-    others = folded.translate(None, _ASCII).decode("utf-8", "surrogatepass")
+    folded, others = utf8, utf8.translate(None, _ASCII).decode("utf-8", "surrogatepass")
+    if not unicodedata.is_normalized("NFKC", others) or any(map(unicodedata.combining, others)):
+        folded = unicodedata.normalize("NFKC", utf8.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
+        others = folded.translate(None, _ASCII).decode("utf-8", "surrogatepass")
     if others and not (others.isalnum() and others.casefold() == others):
         for char in set(others):
             fold = char.casefold()
@@ -1610,19 +1613,19 @@ def _folded(text, utf8=None):
 
 def search_words(text):
     """NFKC-normalised, case-folded words (the runs of \\w characters), in order."""
-    return _folded(text).decode("utf-8", "surrogatepass").split()
+    return _folded(text.encode("utf-8", "surrogatepass")).decode("utf-8", "surrogatepass").split()
 
 
 def _folded_texts(texts):
     """Search texts in UTF-8 (those of a _text_block) -> the folded text of each, in order."""
-    return [_folded(text.decode("utf-8"), text) for text in texts]
+    return list(map(_folded, texts))
 
 
 @functools.lru_cache(maxsize=None)
 def _folds_into_ascii(char):
     """Whether a non-ASCII character, normalised and folded, yields ASCII letters, digits or _ (fullwidth
     forms, ligatures, the Kelvin sign, long s...)."""
-    return bool(_folded(char).translate(None, bytes(range(128, 256)) + b" "))
+    return bool(_folded(char.encode("utf-8", "surrogatepass")).translate(None, bytes(range(128, 256)) + b" "))
 
 
 def _candidates(block, ascii_words):
@@ -1752,9 +1755,8 @@ class SearchIndex:
         best = [total << PLACE_BITS | place for place, total in indexed.items()]
         patterns, ascii_words = [b" %s " % word for word in words], [word for word in words if word.isascii()]
         for first in range(0, done, BLOCK_RECORDS):
-            places = range(first, min(done, first + BLOCK_RECORDS))
             kept, block = _candidates(_block_bytes(blocks[first // BLOCK_RECORDS], self._records), ascii_words)
-            places = list(compress(places, kept))
+            places = list(compress(range(first, min(done, first + BLOCK_RECORDS)), kept))
             block = block[:len(places)]       # in the block being indexed, those of the records not yet indexed
             for pattern in patterns:
                 present = [pattern in text for text in block]
