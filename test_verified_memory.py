@@ -1955,6 +1955,9 @@ class TestCommandLine(TempDirCase):
                          "refused: --pack must be an absolute path, got 'examples/pack'")
         self.assertFails(run("check", "--trusted-keys", "keys.txt"), 1,
                          "--trusted-keys must be an absolute path, got 'keys.txt'")
+        dotted = os.path.join(HERE, "examples", "..", "examples", "keys.txt")   # the host's key files as --pack
+        self.assertFails(run("check", "--revoked-keys", dotted), 1,
+                         "--revoked-keys must be a plain absolute path (no trailing slash, '.' or '..'), got %r" % dotted)
 
     def test_flag_value_forms(self):
         for args in (("--pack", EXAMPLE), ("--pack=" + EXAMPLE,), ("--pack=" + EXAMPLE, "--strict=false",
