@@ -317,6 +317,56 @@ class TestRecordRules(RecordsCase):
         self.assertRefused(self.pack, "records.jsonl line 17, field record_id: M-garden-1 repeats line 1")
 
 
+def json_depth(value):
+    """How deep a parsed JSON value nests: a scalar 0, [] 1, [[]] 2 (the reference for strict_json_loads)."""
+    children = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else None
+    return 0 if children is None else 1 + max(map(json_depth, children), default=0)
+
+
+class TestStrictJsonDepth(unittest.TestCase):
+    def test_nesting_is_measured_on_the_text_with_its_strings_left_out(self):
+        # strict_json_loads refuses nesting deeper than MAX_JSON_DEPTH from the text itself (strings dropped,
+        # brackets of both kinds taken off a level a pass), never by walking every value
+        rng = random.Random(9)
+        pieces = ['"[[["', '"]]}"', '"\\\\"', '"a\\"[{"', '"\\u005b"', '"\\ud83d\\ude00"', "1", "null", '"{\\\\\\"]"']
+
+        def value(depth, spine=True):
+            # one chain `depth` deep, each level with a few shallow siblings of it
+            if depth == 0:
+                return json.loads(rng.choice(pieces))
+            items = [value(min(depth - 1, rng.randint(0, 2)), False) for _ in range(rng.randint(0, 2))]
+            items.insert(rng.randint(0, len(items)), value(depth - 1, spine) if spine else json.loads(pieces[0]))
+            if rng.random() < 0.5:
+                return items
+            return {json.loads(rng.choice(pieces[:5])) + str(k): item for k, item in enumerate(items)}
+        seen = set()
+        for _ in range(400):
+            item = value(rng.randint(58, 70))
+            depth = json_depth(item)
+            seen.add(depth > vm.MAX_JSON_DEPTH)
+            text = json.dumps(item, ensure_ascii=rng.random() < 0.5)
+            if depth > vm.MAX_JSON_DEPTH:
+                with self.assertRaisesRegex(ValueError, "nests deeper than 64 levels", msg=depth):
+                    vm.strict_json_loads(text)
+            else:
+                self.assertEqual(vm.strict_json_loads(text), item)
+            self.assertEqual(vm._nests_too_deep(text, 3), depth > vm.MAX_JSON_DEPTH - 2)   # found at depth 3
+        self.assertEqual(seen, {True, False})
+        alternating = "1"
+        for level in range(64):
+            alternating = '{"a": %s}' % alternating if level % 2 else "[%s]" % alternating
+        self.assertEqual(json_depth(vm.strict_json_loads(alternating)), 64)
+        with self.assertRaisesRegex(ValueError, "nests deeper than 64 levels"):
+            vm.strict_json_loads("[%s]" % alternating)
+
+    def test_a_lone_surrogate_is_found_however_many_values_there_are(self):
+        many = ",".join(['{"b": [1]}'] * 1000)
+        for text in ('{"s": "\\ud800", "a": [%s]}' % many, '[%s, {"\\udc00x": 1}]' % many):
+            with self.assertRaisesRegex(ValueError, "contains a lone surrogate"):
+                vm.strict_json_loads(text)
+        self.assertEqual(vm.strict_json_loads('["\\ud83d\\ude00", %s]' % many)[0], "\U0001f600")
+
+
 class TestRecordsFile(RecordsCase):
     def test_strict_json(self):
         cases = (

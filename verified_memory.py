@@ -556,20 +556,18 @@ _INFINITY = float("inf")
 _STRICT_JSON = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_no_constant,
                                 parse_float=_finite_float, parse_int=_bounded_int)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+# str.translate table: every ASCII character outside strings goes, but brackets, which become one kind
+_BRACKETS = {**dict.fromkeys(range(128)), ord("["): "[", ord("{"): "[", ord("]"): "]", ord("}"): "]"}
+_BRACKET_STEP = {"[": 1, "]": -1}
 
 
-def _check_value(value, depth=1):
-    """Walk a parsed value found at `depth`: nesting within MAX_JSON_DEPTH, no lone surrogate anywhere."""
-    stack = [(value, depth)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            item.encode("utf-8")              # a lone surrogate raises UnicodeEncodeError
-        elif isinstance(item, (dict, list)):
-            if depth > MAX_JSON_DEPTH:
-                raise ValueError("nests deeper than %d levels" % MAX_JSON_DEPTH)
-            children = list(item) + list(item.values()) if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+def _nests_too_deep(text, depth=1):
+    """Whether JSON text that parses, found at `depth`, nests deeper than MAX_JSON_DEPTH: with its strings
+    dropped, the most brackets open at once. C-level iterators over the brackets, about 0.1 us each, instead
+    of a walk of every value (a line of 1 MiB of [] took about 1 s to walk)."""
+    brackets = _JSON_STRING.sub("", text).translate(_BRACKETS)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_JSON_DEPTH + 1 - depth
 
 
 def strict_json_loads(text, depth_checked_by_caller=False):
@@ -580,11 +578,13 @@ def strict_json_loads(text, depth_checked_by_caller=False):
         raise ValueError("starts with a byte order mark")
     try:
         value = _STRICT_JSON.decode(text)
-        # both walks are rare: only lines with surrogate escapes or enough brackets to nest that deep (a
+        # both checks are rare: only lines with enough brackets to nest that deep, or with surrogate escapes (a
         # backslash is looked for first: one memchr, where the pattern's scan costs several steps a character)
-        if "\\" in text and _SURROGATE_ESCAPE.search(text) or not depth_checked_by_caller and \
-                text.count("[") + text.count("{") > MAX_JSON_DEPTH:
-            _check_value(value)
+        if not depth_checked_by_caller and text.count("[") + text.count("{") > MAX_JSON_DEPTH \
+                and _nests_too_deep(text):
+            raise ValueError("nests deeper than %d levels" % MAX_JSON_DEPTH)
+        if "\\" in text and _SURROGATE_ESCAPE.search(text):
+            json.dumps(value, ensure_ascii=False).encode("utf-8")     # a lone surrogate raises UnicodeEncodeError
     except UnicodeEncodeError:
         raise ValueError("contains a lone surrogate (an unpaired \\ud800-\\udfff escape)") from None
     except RecursionError:                   # beyond the interpreter's own limit: the same refusal
@@ -698,10 +698,8 @@ def check_record(record, line, times):
     if type(record) is not dict:
         raise PackError("must be a JSON object", RECORDS, line)
     for field in record.keys() - _RECORD_KEYS:      # only metadata can nest; the known fields are flat
-        try:
-            _check_value(record[field], 2)
-        except ValueError as e:
-            raise PackError("is not strict JSON: %s" % e, RECORDS, line) from None
+        if _nests_too_deep(json.dumps(record[field]), 2):
+            raise PackError("is not strict JSON: nests deeper than %d levels" % MAX_JSON_DEPTH, RECORDS, line)
     if not _RECORD_KEYS <= record.keys():
         raise PackError("is missing", RECORDS, line, [f for f in RECORD_FIELDS if f not in record][0])
     record_id = record["record_id"]
