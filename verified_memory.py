@@ -3838,7 +3838,8 @@ Trust flags (serve, check, search, get, check-payee), also as --flag=value:
   --strict[=true|false]          require a trusted signature and an unexpired PACK.json
   --sandbox auto|on|off          once verified, restrict this process to reading the pack (default auto;
                                  `on` refuses to start without Linux Landlock, `off` is for debugging)
-An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be absolute.
+An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be absolute and
+plain (no trailing separator, '.' or '..').
 Without --pack, a checkout serves the examples/pack folder beside this file.
 --help shows this text; --version the version."""
 OUTPUT_LOST = "verified-memory: standard output was closed, so the output is lost (any pack or file written stays)"
