@@ -1099,7 +1099,7 @@ def mentions_account(account, text):
         return False
     for chain in _TOKEN_CHAIN.findall(text):
         tokens = re.split("[ -]+", chain.upper())
-        bounds = set(itertools.accumulate(map(len, tokens), initial=0))    # where tokens start and end
+        bounds = set(accumulate(map(len, tokens), initial=0))    # where tokens start and end
         squashed = "".join(tokens)
         if any(squashed.startswith(account, at) and at + len(account) in bounds for at in bounds):
             return True
