@@ -2580,7 +2580,17 @@ class SandboxedServing(KeyFilesCase):
                 srv = ServerProcess("--sandbox=" + mode, "--workers", "3", command=command)
                 self.addCleanup(srv.close)
                 self.assertEqual(raw_exchange(srv.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")[0], 200)
-                srv.close()  # the workers have started: one answered
+                # one worker answered, but the others may not have run yet: wait for all three probes
+                # (ended after 10 s, when readline then meets the end of the stream)
+                deadline = threading.Timer(10, srv.proc.terminate)
+                deadline.start()
+                while srv.stderr.count(b"raw open outside: ") < 3:
+                    line = srv.proc.stderr.readline()
+                    if not line:
+                        break
+                    srv.stderr += line
+                deadline.cancel()
+                srv.close()
                 fds = re.findall(rb"raw open outside: (-?[0-9]+)", srv.stderr)
                 self.assertEqual([int(fd) >= 0 for fd in fds], opened)
                 self.assertEqual(b"threads when restricting: 1\n" in srv.stderr, mode == "on")
