@@ -1693,7 +1693,7 @@ class TestSearchIndexPaths(SearchCase):
         # none of its characters folds into ASCII; every text whose folded words hold them all is kept
         rng, skipped = random.Random(11), 0
         alphabet = ("aAbBkKsSiIe1 _-.\n\u00df\ufb01\u00bd\u2116\uff45\uff2b\U0001d41e\u212a\u017f\u0130\u01c6"
-                    "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044")
+                    "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044\u00a0\u249c\u2474\u200b")
         for _ in range(40):
             texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(50)]
             block = vm._block_bytes(vm._text_block([text_record(text) for text in texts]), b"")
@@ -1708,6 +1708,23 @@ class TestSearchIndexPaths(SearchCase):
                                           for text, k in zip(texts, kept) if k])
                 skipped += len(kept) - sum(kept)
         self.assertGreater(skipped, 2000)         # and texts are passed over unfolded
+
+    def test_no_character_normalises_or_folds_to_nothing(self):
+        # an early answer reads two ASCII characters that are next to each other in a text as next to each
+        # other once it is folded: nothing between them can vanish
+        chars = map(chr, range(0x110000))
+        self.assertEqual([c for c in chars if not unicodedata.normalize("NFKC", c) or not c.casefold()], [])
+
+    def test_an_early_answer_passes_over_texts_that_hold_a_word_only_inside_another(self):
+        texts = ["abab", "Xab-", "ab\u00a0ab", "\uff41b", "a\u0301b ab", "ba_ab", "\u00dfab", "\u249cb", "\u00dfa b",
+                 "ab"]
+        block = vm._block_bytes(vm._text_block([text_record(text) for text in texts]), b"")
+        kept, _ = vm._candidates(block, [b"ab"])
+        # a byte other than ASCII may end a word once folded; fullwidth a and the parenthesised a yield an a
+        # of the word, while sharp s yields ss, which it has not
+        self.assertEqual(kept, [False, False, True, True, True, False, True, True, False, True])
+        self.assertEqual(["ab" in vm.search_words(text) for text in texts],
+                         [False, False, True, True, True, False, False, False, False, True])
 
     def test_case_folding_one_character_at_a_time_is_exact(self):
         # search folds each distinct non-ASCII character on its own: exact because str.casefold() has no
@@ -1730,6 +1747,12 @@ class TestSearchIndexPaths(SearchCase):
                 pairs.append((first, second))
         self.assertGreater(len(pairs), 900)
         self.assertEqual([(a, b) for a, b in pairs if a.isascii() and not unicodedata.combining(b) or b.isascii()], [])
+        # and what an ASCII letter, digit or _ composes into is a letter or digit: an early answer reads the
+        # ASCII word characters beside a word's letters as the folded text's
+        word_character = re.compile(r"\w", re.ASCII)
+        composed = [unicodedata.normalize("NFC", a + b) for a, b in pairs if word_character.fullmatch(a)]
+        self.assertGreater(len(composed), 300)
+        self.assertEqual([char for char in composed if not char.isalnum()], [])
         for text in ("e\u0301", "a\u1100\u1161", "\u1100a\u1161", "\u1100\u1161", "x\u0f73", "\uac00\u11a8 e",
                      "A\u212b", "\u00c5\u0327x", "fi\ufb01", "I\u0307"):
             self.assertEqual(vm.search_words(text), reference_words(text), repr(text))

@@ -1582,6 +1582,10 @@ PLACE_BITS, PLACE_MASK = 14, (1 << 14) - 1   # places < 16384 > MAX_RECORDS
 _WORD_BYTES = bytes(byte if byte > 127 or chr(byte).isalnum() or byte == 95 else 32
                     for byte in bytes(range(256)).lower())
 _ASCII = bytes(range(128))
+# bytes.translate table: ASCII capitals become small letters, and every byte that is not an ASCII letter, digit
+# or _ becomes a space, but TEXT_BREAK
+_LOOSE_WORDS = bytes(byte if chr(byte) in "0123456789abcdefghijklmnopqrstuvwxyz_" or byte == TEXT_BREAK[0] else 32
+                     for byte in bytes(range(256)).lower())
 
 
 def _folded(utf8):
@@ -1620,27 +1624,32 @@ def _folded_texts(texts):
 
 
 @functools.lru_cache(maxsize=None)
-def _folds_into_ascii(char):
-    """Whether a non-ASCII character, normalised and folded, yields ASCII letters, digits or _ (fullwidth
-    forms, ligatures, the Kelvin sign, long s...)."""
-    return bool(_folded(char.encode("utf-8", "surrogatepass")).translate(None, bytes(range(128, 256)) + b" "))
+def _ascii_word_bytes(char):
+    """The ASCII letters, digits and _ that a non-ASCII character yields once normalised and folded (fullwidth
+    forms, ligatures, the Kelvin sign, long s...), as bytes: most yield none."""
+    return _folded(char.encode("utf-8", "surrogatepass")).translate(None, bytes(range(128, 256)) + b" ")
 
 
 def _candidates(block, ascii_words):
     """A block of search texts (_text_block) -> which of its texts may hold every one of `ascii_words` once
-    folded (a list of booleans), and those texts folded. A text may not when one of the words is not in its
-    bytes with ASCII capitals lowered and none of its characters folds into ASCII: then every ASCII letter,
-    digit or _ of its folded text is one of its own bytes lowered, in the same order, with nothing new
-    between (NFKC and case folding add no character that none of those characters yields alone)."""
+    folded (a list of booleans), and those texts folded. A text may not when one of the words is not a whole
+    word of its bytes read loosely (_LOOSE_WORDS: ASCII capitals lowered, every other byte but an ASCII
+    letter, digit or _ a space) and none of its characters folds into an ASCII letter, digit or _ of the
+    words. Then every ASCII letter, digit or _ of its folded text is one of its own bytes lowered, in the
+    same order, with nothing new between (NFKC and case folding add no character that none of those
+    characters yields alone, and yield none from nothing), and a character next to one of them in the folded
+    text that is not one is a space there, made from a byte that reads as a space."""
     texts = block.split(TEXT_BREAK)
     kept = [True] * len(texts)
     if ascii_words:
-        lowered = block.lower().split(TEXT_BREAK)
+        loose = block.translate(_LOOSE_WORDS).split(TEXT_BREAK)
         for word in ascii_words:
-            kept = [k and word in text for k, text in zip(kept, lowered)]
+            spaced = b" %s " % word
+            kept = [k and spaced in text for k, text in zip(kept, loose)]
     # only the texts passed over need their other characters read (short: the non-ASCII ones)
     others = ["" if k else text.translate(None, _ASCII).decode("utf-8") for k, text in zip(kept, texts)]
-    into_ascii = set(filter(_folds_into_ascii, set("".join(others))))
+    letters = set(b"".join(ascii_words))
+    into_ascii = {char for char in set("".join(others)) if not letters.isdisjoint(_ascii_word_bytes(char))}
     if into_ascii:
         kept = [k or not into_ascii.isdisjoint(other) for k, other in zip(kept, others)]
     return kept, _folded_texts(compress(texts, kept))
