@@ -1633,12 +1633,12 @@ def _ascii_word_bytes(char):
 def _candidates(block, ascii_words):
     """A block of search texts (_text_block) -> which of its texts may hold every one of `ascii_words` once
     folded (a list of booleans), and those texts folded. A text may not when one of the words is not a whole
-    word of its bytes read loosely (_LOOSE_WORDS: ASCII capitals lowered, every other byte but an ASCII
-    letter, digit or _ a space) and none of its characters folds into an ASCII letter, digit or _ of the
-    words. Then every ASCII letter, digit or _ of its folded text is one of its own bytes lowered, in the
-    same order, with nothing new between (NFKC and case folding add no character that none of those
-    characters yields alone, and yield none from nothing), and a character next to one of them in the folded
-    text that is not one is a space there, made from a byte that reads as a space."""
+    word of its bytes read loosely (_LOOSE_WORDS: ASCII capitals lowered, every byte but an ASCII letter,
+    digit or _ a space) and none of its characters folds into an ASCII letter, digit or _ of the words.
+    For then the word's letters in the folded text are its own bytes lowered, side by side as they were
+    (NFKC and case folding add no character that none of a text's characters yields alone, and none yields
+    nothing), and the bytes beside them are not ASCII letters, digits or _, which would still be beside them
+    as such (or as what they compose into, a letter or digit): so they read as spaces."""
     texts = block.split(TEXT_BREAK)
     kept = [True] * len(texts)
     if ascii_words:
