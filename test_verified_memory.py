@@ -326,7 +326,7 @@ def json_depth(value):
 class TestStrictJsonDepth(unittest.TestCase):
     def test_nesting_is_measured_on_the_text_with_its_strings_left_out(self):
         # strict_json_loads refuses nesting deeper than MAX_JSON_DEPTH from the text itself (strings dropped,
-        # brackets of both kinds taken off a level a pass), never by walking every value
+        # then a running count of the brackets of both kinds open), never by walking every value
         rng = random.Random(9)
         pieces = ['"[[["', '"]]}"', '"\\\\"', '"a\\"[{"', '"\\u005b"', '"\\ud83d\\ude00"', "1", "null", '"{\\\\\\"]"']
 
@@ -1689,8 +1689,9 @@ class TestSearchIndexPaths(SearchCase):
                         self.assertGreaterEqual(start, 0, piece)    # written as it is: read from its line
 
     def test_an_early_answer_folds_every_text_that_may_hold_the_words(self):
-        # without folding, a text is passed over only when an ASCII word is not in its bytes lowered and
-        # none of its characters folds into ASCII; every text whose folded words hold them all is kept
+        # without folding, a text is passed over only when an ASCII word is not a whole word of its bytes read
+        # loosely and none of its characters folds into a letter of the words; every text whose folded words
+        # hold them all is kept
         rng, skipped = random.Random(11), 0
         alphabet = ("aAbBkKsSiIe1 _-.\n\u00df\ufb01\u00bd\u2116\uff45\uff2b\U0001d41e\u212a\u017f\u0130\u01c6"
                     "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044\u00a0\u249c\u2474\u200b")

@@ -1582,10 +1582,8 @@ PLACE_BITS, PLACE_MASK = 14, (1 << 14) - 1   # places < 16384 > MAX_RECORDS
 _WORD_BYTES = bytes(byte if byte > 127 or chr(byte).isalnum() or byte == 95 else 32
                     for byte in bytes(range(256)).lower())
 _ASCII = bytes(range(128))
-# bytes.translate table: ASCII capitals become small letters, and every byte that is not an ASCII letter, digit
-# or _ becomes a space, but TEXT_BREAK
-_LOOSE_WORDS = bytes(byte if chr(byte) in "0123456789abcdefghijklmnopqrstuvwxyz_" or byte == TEXT_BREAK[0] else 32
-                     for byte in bytes(range(256)).lower())
+# bytes.translate table: _WORD_BYTES on ASCII, and every other byte a space but TEXT_BREAK
+_LOOSE_WORDS = _WORD_BYTES[:128] + b" " * 127 + TEXT_BREAK
 
 
 def _folded(utf8):
