@@ -532,6 +532,26 @@ class Issue11Speed(unittest.TestCase):
                 fit += 1
             self.assertEqual(changed, [l for l in lines[:fit] if l[0] in "+-"], header)
 
+    def test_a_hunk_takes_the_longest_start_its_counts_allow_of_lines_of_any_kind(self):
+        # runs of every kind of hunk line (added, removed, context, blank, a note, a lone \r) under random counts:
+        # whether the whole run fits (told by counts of its line starts) or only a start of it does (a binary search
+        # over its marks), the hunk takes the longest start that fits, and its + and - lines are the changes
+        rng = __import__("random").Random(2)
+        kinds = ["+a", "-b", " c", "", "\\ No newline at end of file", "\r", "+d\r", "-e\r"]
+        mark = lambda line: (line[:1] or " ").replace("\r", " ")
+        for _ in range(3000):
+            lines = [rng.choice(kinds) for _ in range(rng.randint(1, 12))]
+            old, new = rng.randint(0, 12), rng.randint(0, 12)
+            files, changed = va.parse_diff("--- a/x\n+++ b/x\n@@ -1,%d +1,%d @@\n%s\nEND\n" % (old, new, "\n".join(lines)))
+            fit = 0  # the lines the hunk may take, counted here one by one
+            while fit < len(lines) and sum(mark(l) in "- " for l in lines[:fit + 1]) <= old and sum(
+                    mark(l) in "+ " for l in lines[:fit + 1]) <= new:
+                fit += 1
+            taken = [l for l in lines[:fit] if l[:1] in ("+", "-")]
+            self.assertEqual(changed, taken, (old, new, lines))
+            counted = (files[0]["added"], files[0]["removed"])
+            self.assertEqual(counted, (sum(l[:1] == "+" for l in taken), sum(l[:1] == "-" for l in taken)))
+
     def test_every_adversarial_body_is_answered(self):
         bodies = adversarial_bodies()
         self.assertGreaterEqual(len(bodies), 20)

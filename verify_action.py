@@ -574,21 +574,22 @@ _DIFF_HEADER = re.compile(
     re.M,
 )
 # The end of a run of lines a hunk may hold (added, removed, context, "\ No newline at end of file", and blank lines:
-# context that lost its space): a newline before any other line. A run always ends before the next @@ line, so
-# runs never overlap: linear. What a hunk body starts with; an @@ line in the usual form, its counts read in C
-# (any other form is read leniently, in Python).
-_HUNK_END, _HUNK_START, _HUNK_COUNTS = (
+# context that lost its space): a newline before any other line. A run always ends before the next @@ line, so runs
+# never overlap: linear. What a hunk body starts with; an @@ line in the usual form, its counts read in C (any other
+# form is read leniently, in Python); an added or removed line, after its newline.
+_HUNK_END, _HUNK_START, _HUNK_COUNTS, _CHANGED_LINE = (
     re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)"),
     ("-", "+", " ", "\\", "\n", "\r\n"),
     re.compile(r"@@ -[0-9]+(?:,([0-9]{1,9}))? \+[0-9]+(?:,([0-9]{1,9}))?(?: |$)"),
+    re.compile(r"\n([-+][^\n]*)"),
 )
 
 
 def _hunk_body(text, start, header, file, changed):
     # Where the hunk body at start ends: the longest run of hunk lines whose removed and context lines fit the old
     # count of its @@ line (header) and whose added and context lines fit the new. Its + and - lines are counted into
-    # file and appended to changed. Mostly the whole run fits; else a binary search over str.count of its marks (one
-    # character a line) finds the end, in C.
+    # file and appended to changed. Mostly the whole run fits, which counts of its line starts tell, in C; else a
+    # binary search over str.count of its marks (one character a line) finds the end, also in C.
     if not text.startswith(_HUNK_START, start):
         return start
     # the old and new line counts of '@@ -a,b +c,d @@' (a missing count is 1, a malformed one 0)
@@ -598,26 +599,28 @@ def _hunk_body(text, start, header, file, changed):
         for n in ([p[1:].partition(",")[2] or "1" for p in header.split(" ")[1:3]] + ["0", "0"])[:2]
     ]
     stop = _HUNK_END.search(text, start)
-    end = stop.start() if stop else len(text)
-    lines = text[start:end].split("\n")
-    marks = "".join([line[:1] or " " for line in lines]).replace("\r", " ")
-    fits = lambda k: (
-        marks.count("-", 0, k) + marks.count(" ", 0, k) <= old
-        and marks.count("+", 0, k) + marks.count(" ", 0, k) <= new
+    body = "\n" + text[start : stop.start() if stop else len(text)]  # the run, a newline before each line
+    # a line that is neither added, removed nor a note (\) is context: the lines less the added (or removed) and notes
+    lines, notes = body.count("\n"), body.count("\n\\")
+    if lines - body.count("\n+") - notes > old or lines - body.count("\n-") - notes > new:
+        run = body[1:].split("\n")
+        marks = "".join([line[:1] or " " for line in run]).replace("\r", " ")
+        low, high = 0, len(run)
+        while low < high:  # the largest k whose first k lines fit
+            middle = (low + high + 1) // 2
+            fits = (
+                marks.count("-", 0, middle) + marks.count(" ", 0, middle) <= old
+                and marks.count("+", 0, middle) + marks.count(" ", 0, middle) <= new
+            )
+            low, high = (middle, high) if fits else (low, middle - 1)
+        body, lines = "\n" + "\n".join(run[:low]), low
+    file["added"] += body.count("\n+")
+    file["removed"] += body.count("\n-")
+    changed += (  # when every line is a change, a split is cheaper than matching each
+        body[1:].split("\n") if lines and body.count("\n+") + body.count("\n-") == lines
+        else _CHANGED_LINE.findall(body)
     )
-    low, high = (len(lines), len(lines)) if fits(len(lines)) else (0, len(lines))
-    while low < high:  # the largest k whose first k lines fit
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    if low < len(lines):  # the body is the run's first low lines
-        lines, marks = lines[:low], marks[:low]
-        end = start + len("\n".join(lines))
-    file["added"] += marks.count("+")
-    file["removed"] += marks.count("-")
-    changed += lines if " " not in marks and "\\" not in marks else [
-        line for line, mark in zip(lines, marks) if mark in "+-"
-    ]
-    return end + 1 if lines else start
+    return start + len(body) if lines else start
 
 
 def parse_diff(text):
