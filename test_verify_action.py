@@ -1081,6 +1081,9 @@ API_CALL = [
                                            "response_status": 200, "response_body": {"ok": True}}, C, ["target_mismatch"]),
     ("Refunded customer 78 successfully", {"request": {"url": "https://api.x.com/customers/78/refunds", "amount": 77},
                                            "response_status": 200, "response_body": {"ok": True}}, V, ["target_matches"]),
+    # a path segment names its id in any case: Customers/78 is customer 78
+    ("Refunded customer 78 successfully", {"request": {"url": "https://api.x.com/CUSTOMERS/78/Refunds"},
+                                           "response_status": 200, "response_body": {"ok": True}}, V, ["target_matches"]),
     ("Posted to https://good.com/a successfully", {"request": {"url": "https://evil.com/a", "ref": "https://good.com/a"},
                                                    "response_status": 200, "response_body": {"ok": True}}, C,
      ["target_mismatch"]),

@@ -461,7 +461,7 @@ def _urls_in(text):
     # matches, however many URLs.
     # a URL never spans a space: each run between spaces is read once (a request that repeats one URL 116,000
     # times costs one match), then each URL once; text without '://' holds none
-    found = set(_URLS.findall(" ".join(set(text.split())))) if "://" in text else set()
+    found = _URLS.findall(" ".join(set(text.split()))) if "://" in text else []
     hosts, paths = list(map(str.lower, map(_FIRST, found))), map(str.rstrip, map(_SECOND, found), itertools.repeat("/"))
     return set(itertools.compress(zip(hosts, paths), hosts))
 
@@ -1042,10 +1042,8 @@ def _request_targets(request, wanted):
         }
     urls = _urls_in(urls_text) if want_urls or want_ids else set()
     if want_ids:  # in those URLs' paths, /customers/78: the row ('customers_id', '78'), all the paths at once
-        pairs = _PATH_ID.findall("\n".join(map(_SECOND, urls)))
-        rows |= set(
-            zip(map(operator.add, map(str.lower, map(_FIRST, pairs)), itertools.repeat("_id")), map(_SECOND, pairs))
-        )
+        pairs = _PATH_ID.findall("\n".join(map(_SECOND, urls)).lower())  # line breaks end words as a path's end does
+        rows |= set(zip(map(operator.add, map(_FIRST, pairs), itertools.repeat("_id")), map(_SECOND, pairs)))
     return _emails_in(emails_text) if want_emails else set(), urls, rows
 
 
