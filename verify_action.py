@@ -600,7 +600,8 @@ def _hunk_body(text, start, header, file, changed):
     ]
     stop = _HUNK_END.search(text, start)
     body = "\n" + text[start : stop.start() if stop else len(text)]  # the run, a newline before each line
-    # a line that is neither added, removed nor a note (\) is context: the lines less the added (or removed) and notes
+    # The old count covers the removed and context lines: every line but the added and the notes (\). The new count
+    # covers the added and context lines: every line but the removed and the notes.
     lines, notes = body.count("\n"), body.count("\n\\")
     if lines - body.count("\n+") - notes > old or lines - body.count("\n-") - notes > new:
         run = body[1:].split("\n")
@@ -1042,7 +1043,9 @@ def _request_targets(request, wanted):
         }
     urls = _urls_in(urls_text) if want_urls or want_ids else set()
     if want_ids:  # in those URLs' paths, /customers/78: the row ('customers_id', '78'), all the paths at once
-        pairs = _PATH_ID.findall("\n".join(map(_SECOND, urls)).lower())  # line breaks end words as a path's end does
+        # lower-cased once joined: a line break, like '/', ends a word as the path's end does, so each segment comes
+        # out as str.lower gives it alone (even a final sigma)
+        pairs = _PATH_ID.findall("\n".join(map(_SECOND, urls)).lower())
         rows |= set(zip(map(operator.add, map(_FIRST, pairs), itertools.repeat("_id")), map(_SECOND, pairs)))
     return _emails_in(emails_text) if want_emails else set(), urls, rows
 
