@@ -602,8 +602,8 @@ def _hunk_body(text, start, header, file, changed):
     body = "\n" + text[start : stop.start() if stop else len(text)]  # the run, a newline before each line
     # The old count covers the removed and context lines: every line but the added and the notes (\). The new count
     # covers the added and context lines: every line but the removed and the notes.
-    lines, notes = body.count("\n"), body.count("\n\\")
-    if lines - body.count("\n+") - notes > old or lines - body.count("\n-") - notes > new:
+    lines, notes, added, removed = body.count("\n"), body.count("\n\\"), body.count("\n+"), body.count("\n-")
+    if lines - added - notes > old or lines - removed - notes > new:
         run = body[1:].split("\n")
         marks = "".join([line[:1] or " " for line in run]).replace("\r", " ")
         low, high = 0, len(run)
@@ -614,12 +614,13 @@ def _hunk_body(text, start, header, file, changed):
                 and marks.count("+", 0, middle) + marks.count(" ", 0, middle) <= new
             )
             low, high = (middle, high) if fits else (low, middle - 1)
-        body, lines = "\n" + "\n".join(run[:low]), low
-    file["added"] += body.count("\n+")
-    file["removed"] += body.count("\n-")
+        body, lines, added, removed = (  # the run's first low lines
+            "\n" + "\n".join(run[:low]), low, marks.count("+", 0, low), marks.count("-", 0, low)
+        )
+    file["added"] += added
+    file["removed"] += removed
     changed += (  # when every line is a change, a split is cheaper than matching each
-        body[1:].split("\n") if lines and body.count("\n+") + body.count("\n-") == lines
-        else _CHANGED_LINE.findall(body)
+        body[1:].split("\n") if lines and added + removed == lines else _CHANGED_LINE.findall(body)
     )
     return start + len(body) if lines else start
 
