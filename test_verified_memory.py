@@ -2362,6 +2362,12 @@ RFC8032 = [  # (name, secret seed, public key, message, signature)
 
 
 
+def vm_encode(P):
+    """The 32-byte encoding of verified_memory's point P (extended coordinates), by the reference's encoder."""
+    zinv = r_inv(P[2])
+    return r_encode((P[0] * zinv % rp, P[1] * zinv % rp))
+
+
 def flip(data, bit):
     data = bytearray(data)
     data[bit // 8] ^= 1 << (bit % 8)
@@ -2391,10 +2397,40 @@ class TestEd25519(unittest.TestCase):
         rnd = random.Random(1)
         Q = r_add(r_mul(rnd.randrange(rL), Bpt), T8)              # a mixed-order point
         Pq = vm.point_decompress(r_encode(Q))
-        for s in [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 2**252, rL - 1, rL - 2] + \
+        self.assertEqual(vm_encode(vm.G), r_encode(Bpt))
+        for s in [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 2**252, rL - 1, rL - 2, rL, 2**256 - 1] + \
                 [rnd.randrange(rL) for _ in range(6)]:
-            self.assertEqual(vm.point_compress(vm._base_mul(s)), r_encode(r_mul(s, Bpt)), s)
-            self.assertEqual(vm.point_compress(vm._var_mul(s, Pq)), r_encode(r_mul(s, Q)), s)
+            self.assertEqual(vm_encode(vm.point_mul(s, vm.G)), r_encode(r_mul(s, Bpt)), s)
+            self.assertEqual(vm_encode(vm.point_mul(s, Pq)), r_encode(r_mul(s, Q)), s)
+
+    def test_decoding_against_the_reference(self):
+        rnd = random.Random(3)
+        points = TORSION + [r_mul(rnd.randrange(rL), Bpt) for _ in range(8)] + [r_add(r_mul(5, Bpt), T8)]
+        for point in points:
+            with self.subTest(point=point):
+                self.assertEqual(vm_encode(vm.point_decompress(r_encode(point))), r_encode(point))
+        for _ in range(200):                   # canonical encodings: decoded exactly when the reference can
+            y = rnd.randrange(rp)
+            encoded = (y | rnd.getrandbits(1) << 255).to_bytes(32, "little")
+            expected = r_decode_lenient(encoded)
+            if expected is not None and expected[0] == 0 and encoded[31] & 0x80:
+                expected = None                                   # "-0": no point has it as its encoding
+            decoded = vm.point_decompress(encoded)
+            self.assertEqual(decoded and vm_encode(decoded), expected and r_encode(expected))
+
+    def test_point_equal_compares_both_coordinates(self):
+        P = vm.point_mul(12345, vm.G)
+        X, Y, Z, T = P
+        self.assertTrue(vm.point_equal(P, (3 * X % rp, 3 * Y % rp, 3 * Z % rp, 3 * T % rp)))  # same x/z, y/z
+        self.assertFalse(vm.point_equal(P, ((-X) % rp, Y, Z, (-T) % rp)))     # -P: the same y
+        self.assertFalse(vm.point_equal(P, (X, (-Y) % rp, Z, (-T) % rp)))     # -P + (0, -1): the same x
+        self.assertFalse(vm.point_equal(P, vm.point_add(P, vm.G)))
+
+    def test_small_order_points(self):
+        for point in TORSION:
+            self.assertTrue(vm.is_small_order(vm.point_decompress(r_encode(point))), point)
+        for point in (Bpt, r_add(Bpt, T8), r_add(r_mul(rL - 1, Bpt), TORSION[4])):
+            self.assertFalse(vm.is_small_order(vm.point_decompress(r_encode(point))), point)
 
     def test_lengths(self):
         for pk in (self.pk[:31], self.pk + b"\x00", b""):
@@ -2444,6 +2480,21 @@ class TestEd25519(unittest.TestCase):
             sig = Rb + (k_of(Rb, self.pk, m) * self.a % rL).to_bytes(32, "little")
             self.assertTrue(r_verify_cofactored(self.pk, m, sig))
             self.assertFalse(vm.ed25519_verify(self.pk, m, sig))
+
+    def test_off_curve_r(self):
+        y = 2
+        while r_xrecover(y, 0) is not None:
+            y += 1
+        for Rb in (y.to_bytes(32, "little"), (y | 1 << 255).to_bytes(32, "little")):
+            m = b"off-curve R"
+            sig = Rb + (k_of(Rb, self.pk, m) * self.a % rL).to_bytes(32, "little")
+            self.assertIsNone(vm.point_decompress(Rb))
+            self.assertFalse(vm.ed25519_verify(self.pk, m, sig))
+
+    def test_bytes_or_bytearray_only(self):
+        self.assertIs(vm.ed25519_verify(bytearray(self.pk), bytearray(self.msg), bytearray(self.sig)), True)
+        self.assertIs(vm.ed25519_verify(memoryview(self.pk), self.msg, self.sig), False)
+        self.assertIs(vm.ed25519_verify(self.pk, memoryview(self.msg), self.sig), False)
 
     def test_small_order_r(self):
         m = b"identity R"
@@ -6381,20 +6432,20 @@ def _bench_ed25519(tmp, count=256):
     """Median Ed25519 verify in-process against `ssh-keygen -Y verify` run as a process."""
     rng = random.Random(2)
     signatures = []
-    for _ in range(count):                   # signing with the verifier's own fast base multiplication
+    for _ in range(count):                   # signing with the verifier's own multiplication
         a, r, message = rng.randrange(1, rL), rng.randrange(1, rL), rng.randbytes(64) if hasattr(rng, "randbytes") \
             else bytes(rng.getrandbits(8) for _ in range(64))
-        A, R = vm.point_compress(vm._base_mul(a)), vm.point_compress(vm._base_mul(r))
+        A, R = vm_encode(vm.point_mul(a, vm.G)), vm_encode(vm.point_mul(r, vm.G))
         S = (r + vm.sha512_modq(R + A + message) * a) % rL
         signatures.append((A, message, R + S.to_bytes(32, "little")))
-    vm.ed25519_verify(*signatures[0])        # builds the base-point table once
+    vm.ed25519_verify(*signatures[0])        # a first call, as the server makes one per start
     times = []
     for A, message, sig in signatures:
         start = time.perf_counter()
         assert vm.ed25519_verify(A, message, sig)
         times.append(time.perf_counter() - start)
     ours = _percentile(times, 50)
-    print("  Ed25519 verify (in process):       median %.3f ms  p90 %.3f ms   (target <= 1.5 ms)"
+    print("  Ed25519 verify (in process):       median %.3f ms  p90 %.3f ms   (information: one per start)"
           % (ours * 1e3, _percentile(times, 90) * 1e3))
     if not SSH_KEYGEN:
         print("  ssh-keygen not found: no comparison with ssh-keygen -Y verify")

@@ -100,223 +100,140 @@ GET_SCHEMA = {"type": "object", "properties": {"id": {"type": "string", "pattern
 # ============================================================================
 # §2 Ed25519 verification (pure; RFC 8032 §5.1.7, strict)
 # ============================================================================
-# Verify-only, variable time (all inputs are public). Names follow RFC 8032 §6.
-# Strict profile: len(A) == 32, len(sig) == 64, S < L, canonical A (y < p, no
-# "-0"), A on the curve and not of small order, R of small order refused, and
-# the cofactorless equation checked by encoding [S]B - [k]A and comparing the
-# 32 bytes with R (so a non-canonical or off-curve R can never match).
-p = 2**255 - 19
-d = -121665 * pow(121666, -1, p) % p          # curve constant, a = -1
-L = 2**252 + 27742317777372353535851937790883648493  # order of B
-modp_sqrt_m1 = pow(2, (p - 1) // 4, p)
-_d2 = 2 * d % p
-# Base point, RFC 8032 §5.1: y = 4/5, x even (decimal values from the RFC).
-_Bx = 15112221349535400772501151409588531511454012693041857206046113283949847762202
-_By = 46316835694926478169428394003475163141307993866256225615783033603165251855960
-B = (_Bx, _By, 1, _Bx * _By % p)
-# Points are extended coordinates (X, Y, Z, T): x = X/Z, y = Y/Z, x*y = T/Z.
+# RFC 8032 §6's arithmetic with its names; variable time, as every input is public.
+# Strict, like libsodium and ed25519-dalek's verify_strict: a key or R that is not
+# the canonical encoding of a curve point (y >= p, "-0") fails to decode, as the
+# RFC's text (not its §6 code) says; a key or R of small order is refused (such a
+# key lets anyone forge); S must be below q; the equation is the cofactorless
+# [S]G == R + [h]A, never the cofactored one the RFC also allows.
+# Points are tuples of extended coordinates (X, Y, Z, T): x = X/Z, y = Y/Z, x*y = T/Z.
+
+p = 2**255 - 19                                          # the field: integers mod p
+q = 2**252 + 27742317777372353535851937790883648493      # the order of G (L in RFC 8032 §5.1)
+
+
+def modp_inv(x):
+    """1/x mod p, by Fermat's little theorem."""
+    return pow(x, p - 2, p)
+
+
+d = -121665 * modp_inv(121666) % p                       # the curve: -x^2 + y^2 = 1 + d x^2 y^2
+modp_sqrt_m1 = pow(2, (p - 1) // 4, p)                   # a square root of -1
 
 
 def sha512_modq(s):
-    """SHA-512 of s as a little-endian integer mod L (RFC 8032 §6)."""
-    return int.from_bytes(hashlib.sha512(s).digest(), "little") % L
+    """SHA-512 of the bytes s, read as a little-endian integer and reduced mod q."""
+    digest = hashlib.sha512(s).digest()
+    return int.from_bytes(digest, "little") % q
 
 
 def point_add(P, Q):
-    """P + Q, HWCD 2008 add-2008-hwcd-3 (complete for a = -1)."""
-    A = (P[1] - P[0]) * (Q[1] - Q[0]) % p
-    B_ = (P[1] + P[0]) * (Q[1] + Q[0]) % p
-    C = P[3] * _d2 * Q[3] % p
-    D = 2 * P[2] * Q[2] % p
-    E, F, G, H = B_ - A, D - C, D + C, B_ + A
-    return (E * F % p, G * H % p, F * G % p, E * H % p)
+    """P + Q (RFC 8032 §5.1.4: add-2008-hwcd-3, complete for this curve, so it also doubles)."""
+    X1, Y1, Z1, T1 = P
+    X2, Y2, Z2, T2 = Q
+    A = (Y1 - X1) * (Y2 - X2) % p
+    B = (Y1 + X1) * (Y2 + X2) % p
+    C = 2 * T1 * T2 * d % p
+    D = 2 * Z1 * Z2 % p
+    E = B - A
+    F = D - C
+    G = D + C
+    H = B + A
+    X3 = E * F % p
+    Y3 = G * H % p
+    Z3 = F * G % p
+    T3 = E * H % p
+    return (X3, Y3, Z3, T3)
 
 
-def point_double(P, n=1):
-    """[2^n]P, n >= 1: HWCD 2008 dbl-2008-hwcd, a = -1, signs regrouped.
-    Doubling never reads T, so T is computed once at the end, not per step."""
-    X, Y, Z = P[0], P[1], P[2]
-    for _ in range(n):
-        A, B_, C = X * X % p, Y * Y % p, 2 * Z * Z % p
-        H = A + B_
-        E, G = H - (X + Y) * (X + Y), A - B_
-        F = C + G
-        X, Y, Z = E * F % p, G * H % p, F * G % p
-    return (X, Y, Z, E * H % p)
+def point_mul(s, P):
+    """[s]P for an integer s >= 0, by double-and-add from the lowest bit."""
+    Q = (0, 1, 1, 0)                                     # the neutral element
+    while s > 0:
+        if s & 1:
+            Q = point_add(Q, P)
+        P = point_add(P, P)
+        s >>= 1
+    return Q
 
 
-def point_compress(P):
-    """32-byte encoding (RFC 8032 §5.1.2): y, with the low bit of x on top."""
-    zinv = pow(P[2], -1, p)
-    x, y = P[0] * zinv % p, P[1] * zinv % p
-    return (y | ((x & 1) << 255)).to_bytes(32, "little")
+def point_equal(P, Q):
+    """True iff P and Q are the same point: x1/z1 == x2/z2 and y1/z1 == y2/z2."""
+    X1, Y1, Z1, _ = P
+    X2, Y2, Z2, _ = Q
+    if (X1 * Z2 - X2 * Z1) % p != 0:
+        return False
+    if (Y1 * Z2 - Y2 * Z1) % p != 0:
+        return False
+    return True
+
+
+def is_small_order(P):
+    """True iff [8]P is the neutral element: P is one of the 8 points of order 1, 2, 4 or 8."""
+    return point_equal(point_mul(8, P), (0, 1, 1, 0))
 
 
 def recover_x(y, sign):
-    """x with parity `sign` on the curve at y, or None (RFC 8032 §5.1.3)."""
-    if y >= p:                      # non-canonical y
+    """The x of the curve point with this y whose low bit is `sign`, or None if there is none (RFC 8032 §5.1.3)."""
+    if y >= p:
         return None
-    u, v = (y * y - 1) % p, (d * y * y + 1) % p   # x^2 = u/v, v != 0
-    v3 = v * v * v % p
-    # One exponentiation yields the candidate root of u/v: u v^3 (u v^7)^((p-5)/8).
-    x = u * v3 * pow(u * v3 * v3 * v % p, (p - 5) // 8, p) % p
-    vxx = v * x * x % p
-    if vxx != u:
-        if vxx != p - u:
-            return None             # u/v is not a square: not on the curve
+    # Reduced before the test for 0: RFC 8032 §6 tests the unreduced product and so decodes "-0" forms.
+    x2 = (y * y - 1) * modp_inv(d * y * y + 1) % p
+    if x2 == 0:
+        if sign:
+            return None
+        return 0
+    x = pow(x2, (p + 3) // 8, p)                         # if x2 is a square: a root of x2 or of -x2
+    if (x * x - x2) % p != 0:
         x = x * modp_sqrt_m1 % p
-    # Tested on the reduced root: RFC 8032 §6 tests x^2 == 0 before reducing
-    # mod p and so accepts "-0" forms such as ecff..ff (order 2, sign set).
-    if x == 0 and sign:
-        return None
+    if (x * x - x2) % p != 0:
+        return None                                      # x2 is not a square: no such point
     if (x & 1) != sign:
         x = p - x
     return x
 
 
 def point_decompress(s):
-    """Strictly decode 32 bytes to an extended point, or None."""
-    if len(s) != 32:
-        return None
+    """The point whose canonical 32-byte encoding is s (RFC 8032 §5.1.3), or None."""
     y = int.from_bytes(s, "little")
-    y, sign = y & ((1 << 255) - 1), y >> 255
+    sign = y >> 255
+    y &= (1 << 255) - 1
     x = recover_x(y, sign)
-    return None if x is None else (x, y, 1, x * y % p)
+    if x is None:
+        return None
+    return (x, y, 1, x * y % p)
 
 
-def _is_small_order(P):
-    """True iff [8]P is the identity, i.e. P is one of the 8 torsion points."""
-    P = point_double(P, 3)
-    return P[0] % p == 0 and (P[1] - P[2]) % p == 0
-
-
-_B_TABLE = None  # built on first use: 64 rows of j * 16^i * B, j = 1..8
-
-
-def _base_table():
-    """Fixed-base table, affine, cached as (y+x, y-x, 2*d*x*y) (ref10 layout)."""
-    global _B_TABLE
-    if _B_TABLE is None:
-        pts, P = [], B
-        for _ in range(64):
-            row = [P]
-            for _ in range(7):
-                row.append(point_add(row[-1], P))
-            pts.extend(row)
-            P = point_double(row[7])          # 16^(i+1) B = 2 * (8 * 16^i B)
-        # To affine by batch inversion (Montgomery's trick): one pow, not 512.
-        prefix, acc = [], 1
-        for P in pts:
-            prefix.append(acc)
-            acc = acc * P[2] % p
-        inv, table = pow(acc, -1, p), [None] * 512
-        for i in range(511, -1, -1):
-            zinv, inv = inv * prefix[i] % p, inv * pts[i][2] % p
-            x, y = pts[i][0] * zinv % p, pts[i][1] * zinv % p
-            table[i] = ((y + x) % p, (y - x) % p, _d2 * x * y % p)
-        _B_TABLE = [table[8 * i:8 * i + 8] for i in range(64)]
-    return _B_TABLE
-
-
-def _base_mul(s):
-    """[s]B for 0 <= s < 2^253: 64 signed radix-16 digits, one mixed add each,
-    no doublings (each digit position has its own row of the table)."""
-    table = _base_table()
-    X, Y, Z, T, carry = 0, 1, 1, 0, 0
-    for i in range(64):
-        s, e = s >> 4, (s & 15) + carry       # recode the digit into [-8, 8)
-        carry, e = (e + 8) >> 4, ((e + 8) & 15) - 8
-        if e == 0:
-            continue
-        if e > 0:
-            ypx, ymx, xy2d = table[i][e - 1]
-        else:                                 # -(x, y) = (-x, y)
-            ymx, ypx, xy2d = table[i][-e - 1]
-            xy2d = p - xy2d
-        A = (Y - X) * ymx % p
-        B_ = (Y + X) * ypx % p
-        C = T * xy2d % p
-        D = 2 * Z
-        E, F, G, H = B_ - A, D - C, D + C, B_ + A
-        X, Y, Z, T = E * F % p, G * H % p, F * G % p, E * H % p
-    return (X, Y, Z, T)
-
-
-def _wnaf(k):
-    """Width-5 NAF of k > 0: list of (bit position, odd digit in [-15, 15])."""
-    digits, pos = [], 0
-    while k:
-        tz = (k & -k).bit_length() - 1       # skip the run of zero bits
-        k, pos = k >> tz, pos + tz
-        e = ((k + 16) & 31) - 16              # k mod 32 centred: odd, |e| <= 15
-        digits.append((pos, e))
-        k -= e                                # now k == 0 mod 32
-    return digits
-
-
-def point_neg(P):
-    """-P: (x, y) -> (-x, y)."""
-    return ((-P[0]) % p, P[1], P[2], (-P[3]) % p)
-
-
-def _var_mul(k, P):
-    """[k]P for k >= 0 by width-5 wNAF (about 253 doublings, 42 additions)."""
-    if k == 0:
-        return (0, 1, 1, 0)
-    # Odd multiples P, 3P, ..., 15P cached as (Y+X, Y-X, 2Z, 2dT).
-    P2, odd = point_double(P), [P]
-    for _ in range(7):
-        odd.append(point_add(odd[-1], P2))
-    cached = [((Q[1] + Q[0]) % p, (Q[1] - Q[0]) % p, 2 * Q[2] % p, _d2 * Q[3] % p)
-              for Q in odd]
-    digits = _wnaf(k)
-    pos, e = digits[-1]
-    X, Y, Z, T = odd[e // 2] if e > 0 else point_neg(odd[-e // 2])
-    for nxt, e in reversed(digits[:-1]):
-        X, Y, Z, T = point_double((X, Y, Z, T), pos - nxt)
-        pos = nxt
-        if e > 0:
-            ypx, ymx, z2, t2d = cached[e // 2]
-        else:                                 # -(X, Y, Z, T) = (-X, Y, Z, -T)
-            ymx, ypx, z2, t2d = cached[-e // 2]
-            t2d = -t2d
-        A = (Y - X) * ymx % p
-        B_ = (Y + X) * ypx % p
-        C = T * t2d % p
-        D = Z * z2 % p
-        E, F, G, H = B_ - A, D - C, D + C, B_ + A
-        X, Y, Z, T = E * F % p, G * H % p, F * G % p, E * H % p
-    if pos:
-        return point_double((X, Y, Z, T), pos)
-    return (X, Y, Z, T)
+g_y = 4 * modp_inv(5) % p                                # the base point G: y = 4/5, x even
+g_x = recover_x(g_y, 0)
+G = (g_x, g_y, 1, g_x * g_y % p)
 
 
 def ed25519_verify(public_key, message, signature):
-    """True iff `signature` is a valid strict Ed25519 signature of `message`
-    under `public_key` (all bytes). Never raises; anything malformed is False."""
-    try:
-        if not all(isinstance(v, (bytes, bytearray))
-                   for v in (public_key, message, signature)):
-            return False
-        public_key, signature = bytes(public_key), bytes(signature)
-        if len(public_key) != 32 or len(signature) != 64:
-            return False
-        Rs, S = signature[:32], int.from_bytes(signature[32:], "little")
-        if S >= L:                            # S + L malleability (RFC 8032 §8.4)
-            return False
-        A = point_decompress(public_key)
-        # Small-order A lets anyone forge (A = R = identity, S = 0: any msg).
-        if A is None or _is_small_order(A):
-            return False
-        k = sha512_modq(Rs + public_key + bytes(message))
-        Q = point_add(_base_mul(S), _var_mul(k, point_neg(A)))  # [S]B - [k]A
-        if point_compress(Q) != Rs:           # cofactorless, byte-exact R
-            return False
-        # Small-order R (libsodium / dalek verify_strict): no honest signer
-        # produces one (r = 0 mod L), so refuse it.
-        return not _is_small_order(Q)
-    except Exception:                         # fail closed: never raise
+    """True iff `signature` (64 bytes) is a strict Ed25519 signature of `message` by `public_key` (32 bytes),
+    as this section's first lines define strict. Anything else gives False, whatever its type: never raises."""
+    inputs = (public_key, message, signature)
+    if not all(isinstance(value, (bytes, bytearray)) for value in inputs):
         return False
+    public = bytes(public_key)
+    msg = bytes(message)
+    sig = bytes(signature)
+    if len(public) != 32 or len(sig) != 64:
+        return False
+    A = point_decompress(public)
+    if A is None or is_small_order(A):
+        return False
+    Rs = sig[:32]
+    R = point_decompress(Rs)
+    if R is None or is_small_order(R):
+        return False
+    s = int.from_bytes(sig[32:], "little")
+    if s >= q:                                           # S + q would verify too (RFC 8032 §8.4)
+        return False
+    h = sha512_modq(Rs + public + msg)
+    sB = point_mul(s, G)
+    hA = point_mul(h, A)
+    return point_equal(sB, point_add(R, hA))
 
 
 # ============================================================================
