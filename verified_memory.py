@@ -54,8 +54,13 @@ from operator import add, and_, eq, gt, itemgetter, le, lshift, or_, rshift, sub
 
 VERSION = "0.1.0"
 SERVER_NAME = "verified-memory"
-RECORDS, MEMORY, README, MANIFEST = "records.jsonl", "MEMORY.md", "README.md", "SHA256SUMS"
-PACK_JSON, SIGNATURE = "PACK.json", "SHA256SUMS.sig"
+# The pack's files: four required, two optional.
+RECORDS = "records.jsonl"
+MEMORY = "MEMORY.md"
+README = "README.md"
+MANIFEST = "SHA256SUMS"
+PACK_JSON = "PACK.json"
+SIGNATURE = "SHA256SUMS.sig"
 REQUIRED_FILES = (RECORDS, MEMORY, README, MANIFEST)
 OPTIONAL_FILES = (PACK_JSON, SIGNATURE)
 # Per-file read limits: data files, then the small sealed files.
@@ -68,10 +73,13 @@ MAX_HOST_FILE_BYTES = 64 << 10           # --trusted-keys and --revoked-keys fil
 MAX_MESSAGE_BYTES = 1 << 20              # one JSON-RPC line on stdin
 MAX_BATCH = 32                           # JSON-RPC messages in one 2025-03-26 batch
 MAX_JSON_DEPTH = 64                      # nesting of any JSON value read (pack, inputs, protocol)
-MAX_QUERY_CHARS, MAX_QUERY_TERMS, MAX_MATCHES = 512, 32, 10
+MAX_QUERY_CHARS = 512                    # one search query
+MAX_QUERY_TERMS = 32
+MAX_MATCHES = 10                         # records in one search answer
 FUTURE_SKEW_NS = 5 * 60 * 10**9          # created_utc may run this far ahead of our clock
 NAMESPACE = b"verified-memory-pack-v1"
-PACK_FORMAT, PACK_FORMAT_VERSION = "verified-memory-pack", 2
+PACK_FORMAT = "verified-memory-pack"     # PACK.json's "format" and "version"
+PACK_FORMAT_VERSION = 2
 LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")   # newest first
 MODERN_VERSION = "2026-07-28"
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -245,13 +253,20 @@ class PackError(Exception):
     """One specific refusal. str() names the file, line and field when there is one."""
 
     def __init__(self, message, file=None, line=None, field=None):
-        self.message, self.file, self.line, self.field = message, file, line, field
+        self.message = message
+        self.file = file
+        self.line = line
+        self.field = field
         where = file or ""
         if line is not None:
             where += " line %d" % line
         if field is not None:
-            where += (", field " if where else "field ") + field
-        super().__init__("%s: %s" % (where, message) if where else message)
+            separator = ", field " if where else "field "
+            where += separator + field
+        text = message
+        if where:
+            text = "%s: %s" % (where, message)
+        super().__init__(text)
 
 
 def strict_b64decode(text):
@@ -268,25 +283,31 @@ def strict_b64decode(text):
 
 def ssh_string(data):
     """RFC 4251 string: uint32 big-endian length, then the bytes."""
-    return len(data).to_bytes(4, "big") + data
+    length = len(data).to_bytes(4, "big")
+    return length + data
 
 
 class _Wire:
     """Reader for RFC 4251 encodings that refuses to read past the end."""
 
     def __init__(self, data):
-        self.data, self.pos = data, 0
+        self.data = data
+        self.pos = 0
 
     def take(self, n):
-        if n > len(self.data) - self.pos:
+        """The next n bytes; ValueError when fewer are left."""
+        if n > self.rest():
             raise ValueError("is truncated")
         self.pos += n
         return self.data[self.pos - n:self.pos]
 
     def string(self):
-        return self.take(int.from_bytes(self.take(4), "big"))
+        """The next RFC 4251 string's bytes."""
+        length = int.from_bytes(self.take(4), "big")
+        return self.take(length)
 
     def rest(self):
+        """How many bytes are left unread."""
         return len(self.data) - self.pos
 
 
@@ -295,7 +316,8 @@ def ed25519_key_from_blob(blob):
     wire = _Wire(blob)
     key_type = wire.string()
     if key_type != b"ssh-ed25519":
-        raise ValueError("holds a %s key, not ssh-ed25519" % key_type.decode("ascii", "replace")[:40])
+        shown = key_type.decode("ascii", "replace")[:40]
+        raise ValueError("holds a %s key, not ssh-ed25519" % shown)
     key = wire.string()
     if len(key) != 32 or wire.rest():
         raise ValueError("is not a 32-byte ssh-ed25519 key")
@@ -304,7 +326,9 @@ def ed25519_key_from_blob(blob):
 
 def fingerprint(blob):
     """SHA256:<unpadded base64 of SHA-256 of the key blob>, exactly as `ssh-keygen -l` prints it."""
-    return "SHA256:" + binascii.b2a_base64(hashlib.sha256(blob).digest(), newline=False).decode().rstrip("=")
+    digest = hashlib.sha256(blob).digest()
+    encoded = binascii.b2a_base64(digest, newline=False).decode()
+    return "SHA256:" + encoded.rstrip("=")
 
 
 def parse_fingerprint(text):
@@ -320,6 +344,72 @@ def parse_fingerprint(text):
 
 SSHSIG_BEGIN = b"-----BEGIN SSH SIGNATURE-----\n"
 SSHSIG_END = b"-----END SSH SIGNATURE-----\n"
+SSHSIG_MAGIC = b"SSHSIG"
+
+
+def sshsig_refusal(why):
+    """The PackError that refuses SHA256SUMS.sig because of `why`."""
+    return PackError(why, SIGNATURE)
+
+
+def dearmor_sshsig(armored):
+    """The blob inside an armored SSHSIG: the header line, base64 lines each ending in a newline, and the
+    footer line with one newline, nothing else; the base64 canonical. PackError otherwise."""
+    if not armored.startswith(SSHSIG_BEGIN):
+        raise sshsig_refusal("does not start with the line -----BEGIN SSH SIGNATURE-----")
+    if not armored.endswith(SSHSIG_END):
+        raise sshsig_refusal("does not end with the line -----END SSH SIGNATURE----- and one newline")
+    body = armored[len(SSHSIG_BEGIN):-len(SSHSIG_END)]
+    lines = body.split(b"\n")
+    if len(lines) < 2 or lines[-1] != b"" or b"" in lines[:-1]:
+        raise sshsig_refusal("armor body must be non-empty base64 lines, each ending in a newline")
+    try:
+        return strict_b64decode(b"".join(lines[:-1]))
+    except ValueError:
+        raise sshsig_refusal("armor body is not canonical base64") from None
+
+
+def read_sshsig_blob(wire):
+    """Read an SSHSIG blob (PROTOCOL.sshsig §2) from `wire` -> (signer key blob, its 32 key bytes, the
+    64-byte Ed25519 signature). PackError for anything we do not accept; ValueError when it is truncated."""
+    if wire.take(6) != SSHSIG_MAGIC:
+        raise sshsig_refusal("blob does not start with the magic SSHSIG")
+    version = int.from_bytes(wire.take(4), "big")
+    if version != 1:
+        raise sshsig_refusal("SSHSIG version is %d; only version 1 is accepted" % version)
+    key_blob = wire.string()
+    try:
+        public_key = ed25519_key_from_blob(key_blob)
+    except ValueError as e:
+        raise sshsig_refusal("signer public key " + str(e)) from None
+    namespace = wire.string()
+    if namespace != NAMESPACE:
+        shown = namespace.decode("ascii", "replace")[:64]
+        raise sshsig_refusal("namespace is %r; only verified-memory-pack-v1 is accepted" % shown)
+    if wire.string() != b"":
+        raise sshsig_refusal("reserved field is not empty")
+    hash_algorithm = wire.string()
+    if hash_algorithm != b"sha512":
+        shown = hash_algorithm.decode("ascii", "replace")[:32]
+        raise sshsig_refusal("hash algorithm is %r; only sha512 is accepted" % shown)
+    signature_blob = wire.string()
+    if wire.rest():
+        raise sshsig_refusal("blob has %d bytes of trailing data" % wire.rest())
+    sig_wire = _Wire(signature_blob)
+    if sig_wire.string() != b"ssh-ed25519":
+        raise sshsig_refusal("signature type is not ssh-ed25519")
+    signature = sig_wire.string()
+    if len(signature) != 64 or sig_wire.rest():
+        raise sshsig_refusal("Ed25519 signature is not exactly 64 bytes")
+    return key_blob, public_key, signature
+
+
+def sshsig_signed_data(message):
+    """What an SSHSIG signature over `message` signs (PROTOCOL.sshsig §3): the magic, then as strings our
+    namespace, the empty reserved field, the hash's name and the SHA-512 of `message`."""
+    digest = hashlib.sha512(message).digest()
+    fields = (NAMESPACE, b"", b"sha512", digest)
+    return SSHSIG_MAGIC + b"".join(ssh_string(field) for field in fields)
 
 
 def verify_sshsig(armored, message):
@@ -329,56 +419,15 @@ def verify_sshsig(armored, message):
     an empty reserved field are accepted, with every byte of the blob consumed.
     Returns the signer's key blob; raises PackError naming what is wrong.
     """
-    def refuse(why):
-        return PackError(why, SIGNATURE)
-    if not armored.startswith(SSHSIG_BEGIN):
-        raise refuse("does not start with the line -----BEGIN SSH SIGNATURE-----")
-    if not armored.endswith(SSHSIG_END):
-        raise refuse("does not end with the line -----END SSH SIGNATURE----- and one newline")
-    lines = armored[len(SSHSIG_BEGIN):-len(SSHSIG_END)].split(b"\n")
-    if len(lines) < 2 or lines[-1] != b"" or b"" in lines[:-1]:
-        raise refuse("armor body must be non-empty base64 lines, each ending in a newline")
+    blob = dearmor_sshsig(armored)
     try:
-        blob = strict_b64decode(b"".join(lines[:-1]))
+        key_blob, public_key, signature = read_sshsig_blob(_Wire(blob))
     except ValueError:
-        raise refuse("armor body is not canonical base64") from None
-    wire = _Wire(blob)
-    try:
-        if wire.take(6) != b"SSHSIG":
-            raise refuse("blob does not start with the magic SSHSIG")
-        version = int.from_bytes(wire.take(4), "big")
-        if version != 1:
-            raise refuse("SSHSIG version is %d; only version 1 is accepted" % version)
-        key_blob = wire.string()
-        try:
-            public_key = ed25519_key_from_blob(key_blob)
-        except ValueError as e:
-            raise refuse("signer public key " + str(e)) from None
-        namespace = wire.string()
-        if namespace != NAMESPACE:
-            raise refuse("namespace is %r; only verified-memory-pack-v1 is accepted"
-                         % namespace.decode("ascii", "replace")[:64])
-        if wire.string() != b"":
-            raise refuse("reserved field is not empty")
-        hash_algorithm = wire.string()
-        if hash_algorithm != b"sha512":
-            shown = hash_algorithm.decode("ascii", "replace")[:32]
-            raise refuse("hash algorithm is %r; only sha512 is accepted" % shown)
-        signature_blob = wire.string()
-        if wire.rest():
-            raise refuse("blob has %d bytes of trailing data" % wire.rest())
-        sig_wire = _Wire(signature_blob)
-        if sig_wire.string() != b"ssh-ed25519":
-            raise refuse("signature type is not ssh-ed25519")
-        signature = sig_wire.string()
-        if len(signature) != 64 or sig_wire.rest():
-            raise refuse("Ed25519 signature is not exactly 64 bytes")
-    except ValueError:
-        raise refuse("signature blob is truncated") from None
-    signed_data = (b"SSHSIG" + ssh_string(NAMESPACE) + ssh_string(b"") + ssh_string(b"sha512")
-                   + ssh_string(hashlib.sha512(message).digest()))
+        raise sshsig_refusal("signature blob is truncated") from None
+    signed_data = sshsig_signed_data(message)
     if not ed25519_verify(public_key, signed_data, signature):
-        raise refuse("signature does not verify: SHA256SUMS changed after signing, or the signature is damaged")
+        raise sshsig_refusal("signature does not verify: SHA256SUMS changed after signing, or the signature is "
+                             "damaged")
     return key_blob
 
 
@@ -429,8 +478,9 @@ def parse_revoked_keys(text, source):
         line = line.strip(" \t\r")
         if not line or line.startswith("#"):
             continue
+        first = line.split(None, 1)[0]
         try:
-            revoked.add(parse_fingerprint(line.split(None, 1)[0]))
+            revoked.add(parse_fingerprint(first))
         except ValueError as e:
             raise PackError(str(e), source, number) from None
     return frozenset(revoked)
