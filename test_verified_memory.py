@@ -3098,6 +3098,66 @@ class TestHostsTableTwo(SignedCase):
         self.assertTrue(str(caught.exception).startswith("MEMORY.md: SHA-256 of MEMORY.md is"))
 
 
+class TestTrustPolicyExactness(unittest.TestCase):
+    """§5's comparisons, one boundary at a time: fingerprints match exactly, the sequence minimum is inclusive."""
+
+    @staticmethod
+    def near(fp):
+        """A canonical fingerprint that differs from `fp` only in its last character (which holds 2 bits)."""
+        return fp[:-1] + ("A" if fp[-1] != "A" else "E")
+
+    def judge(self, policy, seed=KEY_A):
+        return vm.judge_signature(test_key(seed)[1], policy)
+
+    def refused(self, policy, message):
+        with self.assertRaises(vm.PackError) as caught:
+            self.judge(policy)
+        self.assertEqual(str(caught.exception), message)
+
+    def test_a_pin_or_a_trusted_key_must_equal_the_fingerprint(self):
+        fp = test_key(KEY_A)[2]
+        for other in (self.near(fp), fp.lower(), fp.upper(), fp[:-1], "SHA256:" + fp[8:] + fp[7]):
+            with self.subTest(other=other):
+                self.refused(vm.TrustPolicy(pinned=[other]), "pack is signed by %s, which is not a pinned signer "
+                                                             "fingerprint" % fp)
+                self.assertEqual(self.judge(vm.TrustPolicy({other: "mallory"}))["status"], "untrusted")
+                self.assertEqual(self.judge(vm.TrustPolicy(revoked=[other]))["status"], "untrusted")
+        self.assertEqual(vm.parse_fingerprint(self.near(fp)), self.near(fp))
+        self.assertEqual(self.judge(vm.TrustPolicy(pinned=[self.near(fp), fp]))["status"], "verified")
+
+    def test_revoked_is_refused_before_pins_and_keys(self):
+        fp = test_key(KEY_A)[2]
+        for policy in (vm.TrustPolicy(revoked=[fp]), vm.TrustPolicy({fp: "alice"}, revoked=[fp]),
+                       vm.TrustPolicy(pinned=[fp], revoked=[fp, self.near(fp)])):
+            self.refused(policy, "pack is signed by %s, which is revoked" % fp)
+
+    def test_minimum_sequence_is_inclusive(self):
+        def dates(sequence):
+            return vm.PackDates("2026-11-01T00:00:00Z", "2027-01-01T00:00:00Z", sequence)
+
+        for sequence, minimum in ((5, 5), (6, 5), (0, 0), (2**53, 2**53 - 1)):
+            self.assertIsNone(vm.judge_sequence(dates(sequence), minimum))
+        for sequence, minimum in ((4, 5), (0, 1), (2**53 - 1, 2**53)):
+            with self.assertRaises(vm.PackError) as caught:
+                vm.judge_sequence(dates(sequence), minimum)
+            self.assertEqual(str(caught.exception), "pack sequence %d is lower than the minimum %d; refusing a "
+                                                    "possible rollback to an older pack" % (sequence, minimum))
+        self.assertIsNone(vm.judge_sequence(dates(None), None))
+        self.assertIsNone(vm.judge_sequence(None, None))
+
+    def test_freshness_boundaries(self):
+        dates = vm.PackDates("2026-11-01T00:00:00Z", "2027-01-01T00:00:00Z", 3)
+        created, expires = dates.created_ns, dates.expires_ns
+        skew = 5 * 60 * 10**9
+        for now, status in ((created - skew - 1, "not_yet_valid"), (created - skew, "fresh"), (created, "fresh"),
+                            (expires - 1, "fresh"), (expires, "stale"), (expires + 1, "stale")):
+            with self.subTest(now=now - created):
+                self.assertEqual(vm.judge_freshness(dates, True, now)["status"], status)
+        self.assertEqual(vm.judge_freshness(dates, False, created), {
+            "status": "fresh", "created_utc": "2026-11-01T00:00:00Z", "expires_utc": "2027-01-01T00:00:00Z",
+            "sequence": 3, "authenticated": False})
+
+
 class TestRedTeam(SignedCase):
     """The attacks the seed names, each refused."""
 

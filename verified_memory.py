@@ -1174,14 +1174,22 @@ class TrustPolicy(namedtuple("TrustPolicy", "trusted pinned revoked min_sequence
     __slots__ = ()
 
     def __new__(cls, trusted=None, pinned=(), revoked=(), min_sequence=None, require_signature=False, strict=False):
-        return super().__new__(cls, dict(trusted or {}), frozenset(pinned), frozenset(revoked), min_sequence,
-                               require_signature, strict)
+        trusted = dict(trusted or {})
+        pinned = frozenset(pinned)
+        revoked = frozenset(revoked)
+        return super().__new__(cls, trusted, pinned, revoked, min_sequence, require_signature, strict)
 
     def signature_required_by(self):
-        """The flag that makes a trusted signature mandatory, or None."""
-        settings = (("--strict", self.strict), ("--trusted-fingerprint", self.pinned),
-                    ("--min-sequence", self.min_sequence is not None), ("--require-signature", self.require_signature))
-        return next((flag for flag, on in settings if on), None)
+        """The flag that makes a trusted signature mandatory (the first set, in this order), or None."""
+        if self.strict:
+            return "--strict"
+        if self.pinned:
+            return "--trusted-fingerprint"
+        if self.min_sequence is not None:
+            return "--min-sequence"
+        if self.require_signature:
+            return "--require-signature"
+        return None
 
     def check(self):
         """Refuse settings that could never accept any pack."""
@@ -1191,70 +1199,104 @@ class TrustPolicy(namedtuple("TrustPolicy", "trusted pinned revoked min_sequence
                             "no key is listed in --trusted-keys" % flag)
 
 
+def signature_report(status, print_=None, signer=None, pinned=False):
+    """verification.signature: its status, the host's name for the signer, the signer's fingerprint, and
+    whether a pin matched it."""
+    return {"status": status, "signer": signer, "fingerprint": print_, "pinned": pinned}
+
+
 def judge_signature(signer_blob, policy):
-    """Step 3 of the order of checks: revoked, then pinned, then trusted keys -> verification.signature."""
+    """Step 3 of the order of checks: the signer's key blob (None: unsigned) -> verification.signature, or
+    PackError. A revoked key is refused whatever else is set; with pins set only a pinned key passes;
+    otherwise a trusted key is verified, any other untrusted, and a required signature refuses all but
+    verified."""
     required = policy.signature_required_by()
     if signer_blob is None:
         if required:
-            raise PackError("pack is unsigned, but %s requires a signature by a %s key"
-                            % (required, "pinned" if policy.pinned else "trusted"))
-        return {"status": "unsigned", "signer": None, "fingerprint": None, "pinned": False}
+            kind = "trusted"
+            if policy.pinned:
+                kind = "pinned"
+            raise PackError("pack is unsigned, but %s requires a signature by a %s key" % (required, kind))
+        return signature_report("unsigned")
     print_ = fingerprint(signer_blob)
     if print_ in policy.revoked:
         raise PackError("pack is signed by %s, which is revoked" % print_)
     if policy.pinned:
         if print_ not in policy.pinned:
             raise PackError("pack is signed by %s, which is not a pinned signer fingerprint" % print_)
-        return {"status": "verified", "signer": policy.trusted.get(print_, "pinned"),
-                "fingerprint": print_, "pinned": True}
+        name = policy.trusted.get(print_, "pinned")
+        return signature_report("verified", print_, signer=name, pinned=True)
     if print_ in policy.trusted:
-        return {"status": "verified", "signer": policy.trusted[print_], "fingerprint": print_, "pinned": False}
+        return signature_report("verified", print_, signer=policy.trusted[print_])
     if required:
         raise PackError("pack is signed by %s, which is not a trusted key, and %s requires a trusted signature"
                         % (print_, required))
-    return {"status": "untrusted", "signer": None, "fingerprint": print_, "pinned": False}
+    return signature_report("untrusted", print_)
+
+
+def judge_sequence(pack_dates, min_sequence):
+    """Step 4: refuse (PackError) a pack whose PACK.json sequence is missing or below `min_sequence`; None
+    is off. Step 3 has already refused any pack not signed by a pinned or trusted key when it is set."""
+    if min_sequence is None:
+        return
+    sequence = None
+    if pack_dates is not None:
+        sequence = pack_dates.sequence
+    if sequence is None:
+        raise PackError("pack has no sequence in PACK.json, but --min-sequence %d is set; refusing a possible "
+                        "rollback to an older pack" % min_sequence)
+    if sequence < min_sequence:
+        raise PackError("pack sequence %d is lower than the minimum %d; refusing a possible rollback to an "
+                        "older pack" % (sequence, min_sequence))
+
+
+def freshness_status(pack_dates, now_ns):
+    """PACK.json's dates (None: no PACK.json) against the clock `now_ns` -> fresh, stale, not_yet_valid
+    or unknown."""
+    if pack_dates is None:
+        return "unknown"
+    if pack_dates.created_ns > now_ns + FUTURE_SKEW_NS:
+        return "not_yet_valid"
+    if now_ns >= pack_dates.expires_ns:
+        return "stale"
+    return "fresh"
 
 
 def judge_freshness(pack_dates, authenticated, now_ns):
-    """verification.freshness against `now_ns`: fresh, stale, not_yet_valid or unknown."""
+    """verification.freshness against `now_ns`: its status, PACK.json's dates and sequence, and whether a
+    pinned or trusted key signed them (`authenticated`)."""
+    status = freshness_status(pack_dates, now_ns)
     if pack_dates is None:
-        return {"status": "unknown", "created_utc": None, "expires_utc": None, "sequence": None,
+        return {"status": status, "created_utc": None, "expires_utc": None, "sequence": None,
                 "authenticated": False}
-    if pack_dates.created_ns > now_ns + FUTURE_SKEW_NS:
-        status = "not_yet_valid"
-    elif now_ns >= pack_dates.expires_ns:
-        status = "stale"
-    else:
-        status = "fresh"
     return {"status": status, "created_utc": pack_dates.created_utc, "expires_utc": pack_dates.expires_utc,
             "sequence": pack_dates.sequence, "authenticated": authenticated}
 
 
 def strict_refusal(freshness):
-    """Why --strict refuses this freshness, or None when it is fresh."""
-    refusals = {
-        "unknown": "pack has no PACK.json expiry date, and --strict requires a signed, unexpired pack",
-        "stale": "pack expired at %s, and --strict refuses an expired pack" % freshness["expires_utc"],
-        "not_yet_valid": "pack created_utc %s is more than 5 minutes in the future (check this computer's clock), "
-                         "and --strict refuses it" % freshness["created_utc"]}
-    return refusals.get(freshness["status"])
+    """Why --strict refuses this verification.freshness, or None when it is fresh."""
+    status = freshness["status"]
+    if status == "unknown":
+        return "pack has no PACK.json expiry date, and --strict requires a signed, unexpired pack"
+    if status == "stale":
+        return "pack expired at %s, and --strict refuses an expired pack" % freshness["expires_utc"]
+    if status == "not_yet_valid":
+        return ("pack created_utc %s is more than 5 minutes in the future (check this computer's clock), "
+                "and --strict refuses it" % freshness["created_utc"])
+    return None
 
 
 def decide(pack, policy, now_ns):
-    """Steps 3-5 of the order of checks -> (signature, freshness); raises PackError."""
+    """Steps 3-5 of the order of checks for a verified pack under `policy` at `now_ns` -> (signature,
+    freshness), the two verification reports; PackError from the first check that refuses."""
     signature = judge_signature(pack.signer, policy)
-    if policy.min_sequence is not None:
-        sequence = pack.pack_dates.sequence if pack.pack_dates else None
-        if sequence is None:
-            raise PackError("pack has no sequence in PACK.json, but --min-sequence %d is set; refusing a possible "
-                            "rollback to an older pack" % policy.min_sequence)
-        if sequence < policy.min_sequence:
-            raise PackError("pack sequence %d is lower than the minimum %d; refusing a possible rollback to an "
-                            "older pack" % (sequence, policy.min_sequence))
-    freshness = judge_freshness(pack.pack_dates, signature["status"] == "verified", now_ns)
-    refusal = strict_refusal(freshness) if policy.strict else None
-    if refusal:
-        raise PackError(refusal)
+    judge_sequence(pack.pack_dates, policy.min_sequence)
+    authenticated = signature["status"] == "verified"
+    freshness = judge_freshness(pack.pack_dates, authenticated, now_ns)
+    if policy.strict:
+        refusal = strict_refusal(freshness)
+        if refusal:
+            raise PackError(refusal)
     return signature, freshness
 
 
