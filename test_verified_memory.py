@@ -3398,6 +3398,8 @@ def fork():
 attempt("read pack", lambda: open(os.path.join(pack, "README.md"), "rb").read())
 attempt("list pack", lambda: os.listdir(pack))
 attempt("read outside", lambda: open(outside, "rb").read())
+attempt("read a sibling named like the pack", lambda: open(os.path.join(pack + "-sibling", "README.md"), "rb").read())
+attempt("open in pack to write", lambda: os.close(os.open(os.path.join(pack, "README.md"), os.O_WRONLY)))
 attempt("list outside", lambda: os.listdir(os.path.dirname(outside)))
 attempt("write", lambda: open(outside, "ab").close())
 attempt("create", lambda: open(outside + ".new", "xb").close())
@@ -3429,6 +3431,8 @@ class TestSandboxLayers(TempDirCase):
         self.outside = os.path.join(self.tmp, "outside", "secret.txt")
         os.mkdir(os.path.dirname(self.outside))
         write(self.outside, "not for the server\n")
+        os.mkdir(self.pack + "-sibling")            # its path starts with the pack's
+        write(os.path.join(self.pack + "-sibling", "README.md"), "not for the server either\n")
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.addCleanup(self.listener.close)
         self.abstract = ""
@@ -3448,7 +3452,7 @@ class TestSandboxLayers(TempDirCase):
     def test_the_control_can_do_everything(self):
         results = self.probe("none")
         self.assertEqual(set(results.values()), {"ok"}, results)
-        self.assertGreaterEqual(len(results), 14)
+        self.assertGreaterEqual(len(results), 16)
 
     def test_the_audit_hook_refuses_everything_but_reading_the_pack(self):
         results = self.probe("hook")
@@ -3456,7 +3460,7 @@ class TestSandboxLayers(TempDirCase):
         self.assertEqual(results.pop("list pack"), "ok")
         self.assertEqual(results.pop("import"), ["ImportError", None, "verified-memory sandbox: import 'colorsys' "
                                                                         "refused after startup"])
-        self.assertGreaterEqual(len(results), 11)
+        self.assertGreaterEqual(len(results), 13)
         for name, result in results.items():
             with self.subTest(name):
                 self.assertEqual(result[0], "PermissionError")
@@ -3470,7 +3474,7 @@ class TestSandboxLayers(TempDirCase):
         results = self.probe("kernel")
         self.assertEqual((results["read pack"], results["list pack"]), ("ok", "ok"))
         denied = ["read outside", "list outside", "write", "create", "create in pack", "exec", "import", "remove",
-                  "read outside in a later thread"]
+                  "read outside in a later thread", "read a sibling named like the pack", "open in pack to write"]
         denied += ["connect", "bind"] if abi >= 4 else []
         for name in denied:
             with self.subTest(name):

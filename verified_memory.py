@@ -1472,13 +1472,22 @@ SANDBOX_MODES = ("auto", "on", "off")
 # Machines whose Linux syscall table numbers Landlock 444 (create_ruleset), 445 (add_rule), 446 (restrict_self).
 LANDLOCK_MACHINES = ("x86_64", "i386", "i486", "i586", "i686", "aarch64", "armv7l", "armv8l", "riscv64", "ppc64le",
                      "s390x", "loongarch64")
-LANDLOCK_READ = 1 << 2 | 1 << 3          # READ_FILE | READ_DIR: all that the pack folder keeps
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1      # create_ruleset's flag that asks for the ABI version instead
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_ACCESS_FS_READ_FILE = 1 << 2
+LANDLOCK_ACCESS_FS_READ_DIR = 1 << 3
+LANDLOCK_READ = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR     # all that the pack folder keeps
+PR_SET_NO_NEW_PRIVS = 38
 # Audit events (prefixes) refused once the sandbox is on: imports, processes, signals, sockets, native code,
 # changes on disk. Opening and listing are judged by path and mode instead.
 REFUSED_EVENTS = ("import", "subprocess.", "_posixsubprocess.", "_winapi.", "os.system", "os.exec", "os.spawn",
                   "os.posix_spawn", "os.fork", "os.startfile", "os.kill", "signal.pthread_kill", "pty.", "socket.",
                   "ctypes.", "mmap.", "winreg.", "os.ch", "os.link", "os.mkdir", "os.putenv", "os.unsetenv",
                   "os.remove", "os.rename", "os.rmdir", "os.setxattr", "os.symlink", "os.truncate", "os.utime")
+LISTING_EVENTS = ("os.listdir", "os.scandir")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -1486,8 +1495,17 @@ def landlock_rights(abi):
     """Every right Landlock ABI `abi` knows -> (filesystem, network, scope) masks to handle, so each is denied
     unless a rule grants it: filesystem 13 rights from ABI 1, REFER 2, TRUNCATE 3, IOCTL_DEV 5, RESOLVE_UNIX 9;
     network TCP bind and connect from 4; scope abstract Unix sockets and signals from 6."""
-    filesystem = 13 + (abi >= 2) + (abi >= 3) + (abi >= 5) + (abi >= 9)
-    return (1 << filesystem) - 1, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0
+    filesystem = 13
+    for newer in (2, 3, 5, 9):
+        if abi >= newer:
+            filesystem += 1
+    network = 0
+    if abi >= 4:
+        network = 3
+    scope = 0
+    if abi >= 6:
+        scope = 3
+    return (1 << filesystem) - 1, network, scope
 
 
 def preload_unwinder(ctypes):
@@ -1500,41 +1518,91 @@ def preload_unwinder(ctypes):
         pass
 
 
+class LandlockCalls:
+    """Landlock's three system calls and prctl(PR_SET_NO_NEW_PRIVS) through ctypes, each raising OSError
+    when the kernel refuses. syscall(2) is variadic, so every argument is typed here, structs as bytes."""
+
+    def __init__(self, ctypes):
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+
+    def checked(self, result):
+        """`result`, or OSError with errno when a call returned a negative value."""
+        if result < 0:
+            errno = self.ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+        return result
+
+    def syscall(self, number, *args):
+        """syscall(number, *args), the arguments already typed."""
+        number = self.ctypes.c_long(number)
+        return self.checked(self.libc.syscall(number, *args))
+
+    def create_ruleset(self, attr, flags):
+        """A new ruleset's descriptor handling the rights in `attr` (struct landlock_ruleset_attr as bytes), or,
+        with attr None and LANDLOCK_CREATE_RULESET_VERSION, the kernel's Landlock ABI version."""
+        size = self.ctypes.c_size_t(len(attr or b""))
+        flags = self.ctypes.c_uint32(flags)
+        return self.syscall(SYS_LANDLOCK_CREATE_RULESET, attr, size, flags)
+
+    def add_path_beneath(self, ruleset, allowed_access, parent):
+        """Grant `allowed_access` beneath the open directory `parent` (struct landlock_path_beneath_attr,
+        packed: u64 allowed_access, s32 parent_fd)."""
+        access = allowed_access.to_bytes(8, sys.byteorder)
+        parent_fd = parent.to_bytes(4, sys.byteorder, signed=True)
+        c_int = self.ctypes.c_int
+        flags = self.ctypes.c_uint32(0)
+        return self.syscall(SYS_LANDLOCK_ADD_RULE, c_int(ruleset), c_int(LANDLOCK_RULE_PATH_BENEATH),
+                            access + parent_fd, flags)
+
+    def no_new_privs(self):
+        """prctl(PR_SET_NO_NEW_PRIVS, 1): no later exec may gain privileges, as restrict_self requires."""
+        c_ulong = self.ctypes.c_ulong
+        option = self.ctypes.c_int(PR_SET_NO_NEW_PRIVS)
+        return self.checked(self.libc.prctl(option, c_ulong(1), c_ulong(0), c_ulong(0), c_ulong(0)))
+
+    def restrict_self(self, ruleset):
+        """Bind this thread, and those it starts later, to the ruleset."""
+        flags = self.ctypes.c_uint32(0)
+        return self.syscall(SYS_LANDLOCK_RESTRICT_SELF, self.ctypes.c_int(ruleset), flags)
+
+
+def restrict_to_reading(calls, read_dir):
+    """Bind this thread, and those it starts later, to a ruleset that handles every right the kernel's
+    Landlock ABI knows and grants only reading beneath `read_dir` -> that ABI; OSError if any step fails."""
+    abi = calls.create_ruleset(None, LANDLOCK_CREATE_RULESET_VERSION)
+    masks = landlock_rights(abi)
+    handled = b"".join(mask.to_bytes(8, sys.byteorder) for mask in masks)
+    ruleset = calls.create_ruleset(handled, 0)          # older kernels accept the zero tail
+    try:
+        flags = os.O_PATH | _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0)
+        parent = os.open(read_dir, flags)
+        try:
+            calls.add_path_beneath(ruleset, LANDLOCK_READ, parent)
+        finally:
+            os.close(parent)
+        calls.no_new_privs()
+        calls.restrict_self(ruleset)
+    finally:
+        os.close(ruleset)
+    return abi
+
+
 def landlock(read_dir):
     """Restrict this thread, and the threads and processes it starts later, to reading `read_dir`'s listing
     and files, with no other filesystem access, no TCP bind or connect, and no abstract Unix sockets or
     signals outside -> (Landlock ABI, None), or (None, why not) where the kernel offers no Landlock
     (best effort: nothing is restricted then)."""
-    machine = os.uname().machine if sys.platform.startswith("linux") else sys.platform
+    machine = sys.platform
+    if sys.platform.startswith("linux"):
+        machine = os.uname().machine
     if machine not in LANDLOCK_MACHINES:
         return None, "no Landlock on %s" % machine
     import ctypes                            # looked up only here, before the audit hook refuses ctypes
-    libc, c_u32 = ctypes.CDLL(None, use_errno=True), ctypes.c_uint32
+    calls = LandlockCalls(ctypes)
     preload_unwinder(ctypes)
-
-    def checked(result):
-        if result < 0:
-            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-        return result
-
-    def syscall(number, *args):              # variadic: every argument typed, structs as bytes
-        return checked(libc.syscall(ctypes.c_long(number), *args))
     try:
-        abi = syscall(444, None, ctypes.c_size_t(0), c_u32(1))                  # LANDLOCK_CREATE_RULESET_VERSION
-        handled = b"".join(mask.to_bytes(8, sys.byteorder) for mask in landlock_rights(abi))
-        ruleset = syscall(444, handled, ctypes.c_size_t(24), c_u32(0))         # older kernels accept the zero tail
-        try:
-            parent = os.open(read_dir, os.O_PATH | _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
-            try:
-                rule = LANDLOCK_READ.to_bytes(8, sys.byteorder) + parent.to_bytes(4, sys.byteorder, signed=True)
-                syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), rule, c_u32(0))     # LANDLOCK_RULE_PATH_BENEATH
-            finally:
-                os.close(parent)
-            checked(libc.prctl(ctypes.c_int(38), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                               ctypes.c_ulong(0)))                              # PR_SET_NO_NEW_PRIVS
-            syscall(446, ctypes.c_int(ruleset), c_u32(0))
-        finally:
-            os.close(ruleset)
+        abi = restrict_to_reading(calls, read_dir)
     except OSError as e:
         return None, "Landlock unavailable: %s" % (e.strerror or e)
     return abi, None
@@ -1547,21 +1615,39 @@ def audit_hook(read_dir):
     allowed = os.path.normcase(read_dir)
 
     def outside(path):
+        """True unless `path` is `read_dir` or a path beneath it."""
         path = os.path.normcase(os.path.abspath(os.fsdecode(path)))
-        return path != allowed and not path.startswith(allowed + os.sep)
+        if path == allowed:
+            return False
+        return not path.startswith(allowed + os.sep)
+
+    def refuses_open(path, mode, flags):
+        """The "open" event: a descriptor already open keeps its rights (stdio); a path is only read."""
+        if isinstance(path, int):
+            return False
+        if set(mode or "") & set("wax+"):
+            return True
+        if flags & _WRITE_FLAGS:
+            return True
+        return outside(path)
+
+    def refuses(event, args):
+        if event == "open":
+            return refuses_open(args[0], args[1], args[2])
+        if event in LISTING_EVENTS:
+            return not isinstance(args[0], int) and outside(args[0] or ".")
+        return event.startswith(REFUSED_EVENTS)
 
     def hook(event, args):
-        if event == "open":                  # a descriptor already open keeps its rights (stdio)
-            refused = not isinstance(args[0], int) and (
-                bool(set(args[1] or "") & set("wax+")) or args[2] & _WRITE_FLAGS or outside(args[0]))
-        elif event in ("os.listdir", "os.scandir"):
-            refused = not isinstance(args[0], int) and outside(args[0] or ".")
-        else:
-            refused = event.startswith(REFUSED_EVENTS)
-        if refused:
-            what = "%s %.200r" % (event, args[0]) if args else event
-            raise (ImportError if event == "import" else PermissionError)(
-                "verified-memory sandbox: %s refused after startup" % what)
+        if not refuses(event, args):
+            return
+        what = event
+        if args:
+            what = "%s %.200r" % (event, args[0])
+        message = "verified-memory sandbox: %s refused after startup" % what
+        if event == "import":
+            raise ImportError(message)
+        raise PermissionError(message)
     return hook
 
 
@@ -1570,14 +1656,18 @@ def apply_sandbox(read_dir, mode):
     "audit hook only" or "off". Call it once, after the pack and host files are read and verified, before any
     thread starts (Landlock binds only the calling thread and those it starts later) and before the first
     protocol byte. PackError when `on` finds no Landlock."""
-    status, reason = "off", None
-    if mode != "off":
-        abi, reason = landlock(read_dir)
-        if abi is None and mode == "on":
-            raise PackError("--sandbox=on needs Landlock (%s); use --sandbox=auto for the audit hook alone" % reason)
-        sys.addaudithook(audit_hook(read_dir))
-        status = "audit hook only" if abi is None else "landlock ABI %d" % abi
-    print("verified-memory: sandbox: %s%s" % (status, " (%s)" % reason if reason else ""), file=sys.stderr)
+    if mode == "off":
+        print("verified-memory: sandbox: off", file=sys.stderr)
+        return "off"
+    abi, reason = landlock(read_dir)
+    if abi is None and mode == "on":
+        raise PackError("--sandbox=on needs Landlock (%s); use --sandbox=auto for the audit hook alone" % reason)
+    sys.addaudithook(audit_hook(read_dir))
+    if abi is None:
+        print("verified-memory: sandbox: audit hook only (%s)" % reason, file=sys.stderr)
+        return "audit hook only"
+    status = "landlock ABI %d" % abi
+    print("verified-memory: sandbox: %s" % status, file=sys.stderr)
     return status
 
 
