@@ -2446,6 +2446,27 @@ class TestEd25519(unittest.TestCase):
         for bad in (rL, rL + 1, 2**253 - 1, 2**256 - 1):
             self.assertFalse(vm.ed25519_verify(self.pk, self.msg, self.sig[:32] + bad.to_bytes(32, "little")))
 
+    def test_s_equal_to_q_is_refused_where_s_0_verifies(self):
+        # S = 0 verifies when R = -[h]A, which no one can find for a real hash, so the hash is stubbed here.
+        a, _, A = r_keypair(SEEDS[0])
+        R = r_encode(r_mul(77, Bpt))
+        h = -77 * pow(a, rL - 2, rL) % rL
+        with mock.patch.object(vm, "sha512_modq", return_value=h):
+            self.assertTrue(vm.ed25519_verify(A, b"m", R + bytes(32)))
+            for S in (rL, 2 * rL, 15 * rL):
+                self.assertFalse(vm.ed25519_verify(A, b"m", R + S.to_bytes(32, "little")))
+
+    def test_small_order_key_with_an_ordinary_r_forges_in_openssh_but_not_here(self):
+        S = 12345
+        R = r_encode(r_mul(S, Bpt))                               # [S]B: of order q, not small
+        for point in TORSION + [(0, 0)]:
+            pk = r_encode(point) if point != (0, 0) else bytes(32)
+            with self.subTest(pk=pk.hex()):
+                m = msg_with_k(R, pk, lambda k: k % 8 == 0)        # [k]A is then the neutral element
+                sig = R + S.to_bytes(32, "little")
+                self.assertTrue(r_verify_openssh92(pk, m, sig))
+                self.assertFalse(vm.ed25519_verify(pk, m, sig))
+
     def test_identity_key_forges_any_message_in_openssh_but_not_here(self):
         for m in (b"", b"pay GARDEN-ACCT-6666"):
             self.assertTrue(r_verify_openssh92(ID, m, ID + bytes(32)))
@@ -3145,6 +3166,21 @@ class TestTrustPolicyExactness(unittest.TestCase):
         self.assertIsNone(vm.judge_sequence(dates(None), None))
         self.assertIsNone(vm.judge_sequence(None, None))
 
+    def test_decide_reports_authenticated_only_for_a_pinned_or_trusted_signer(self):
+        dates = vm.PackDates("2026-11-01T00:00:00Z", "2027-01-01T00:00:00Z", 2)
+        fp = test_key(KEY_A)[2]
+        for signer, policy, status, authenticated in (
+                (test_key(KEY_A)[1], vm.TrustPolicy(), "untrusted", False),
+                (test_key(KEY_A)[1], vm.TrustPolicy({fp: "alice"}), "verified", True),
+                (test_key(KEY_A)[1], vm.TrustPolicy(pinned=[fp]), "verified", True),
+                (None, vm.TrustPolicy({fp: "alice"}), "unsigned", False)):
+            pack = collections.namedtuple("Pack", "signer pack_dates")(signer, dates)
+            signature, freshness = vm.decide(pack, policy, NOW)
+            self.assertEqual(signature["status"], status)
+            self.assertEqual(freshness, {"status": "fresh", "created_utc": "2026-11-01T00:00:00Z",
+                                         "expires_utc": "2027-01-01T00:00:00Z", "sequence": 2,
+                                         "authenticated": authenticated})
+
     def test_freshness_boundaries(self):
         dates = vm.PackDates("2026-11-01T00:00:00Z", "2027-01-01T00:00:00Z", 3)
         created, expires = dates.created_ns, dates.expires_ns
@@ -3484,6 +3520,38 @@ class TestSandboxLayers(TempDirCase):
                 self.assertEqual(results[name][:2], ["PermissionError", errno.EPERM])
         self.assertTrue(os.path.exists(self.outside))
         self.assertFalse(os.path.exists(os.path.join(self.pack, "new")))
+
+    def test_the_audit_hook_judges_each_event_by_its_arguments(self):
+        """The hook's rules one at a time, called directly (an installed hook cannot be removed)."""
+        hook = vm.audit_hook(self.pack)
+        readme = os.path.join(self.pack, "README.md")
+        parent = os.path.dirname(self.pack)
+        allowed = [("open", (readme, "r", os.O_RDONLY)), ("open", (readme, None, os.O_RDONLY)),
+                   ("open", (os.fsencode(readme), "rb", os.O_RDONLY)), ("open", (self.pack, None, os.O_RDONLY)),
+                   ("open", (1, "w", os.O_WRONLY)), ("os.listdir", (self.pack,)), ("os.scandir", (3,)),
+                   ("os.listdir", (os.path.join(self.pack, ".", ""),)), ("exec", (None,)), ("sys._getframe", ())]
+        for event, args in allowed:
+            with self.subTest(event=event, args=args):
+                self.assertIsNone(hook(event, args))
+        refused = [("open", (readme, mode, 0)) for mode in ("w", "a", "x", "r+", "rb+")]
+        refused += [("open", (readme, None, os.O_RDONLY | flag))
+                    for flag in (os.O_WRONLY, os.O_RDWR, os.O_APPEND, os.O_CREAT, os.O_TRUNC)]
+        refused += [("open", (path, "r", os.O_RDONLY)) for path in (
+            self.outside, self.pack + "-sibling", os.path.join(self.pack, "..", "outside", "secret.txt"), parent)]
+        refused += [("os.listdir", (parent,)), ("os.scandir", (self.pack + "-sibling",)), ("os.listdir", (None,)),
+                    ("subprocess.Popen", ("/bin/true",)), ("os.system", (b"",)), ("socket.connect", (None,)),
+                    ("ctypes.dlopen", ("libc",)), ("os.remove", (readme,)), ("os.rename", (readme, readme)),
+                    ("os.kill", (1, 0)), ("os.fork", ())]
+        for event, args in refused:
+            with self.subTest(event=event, args=args):
+                with self.assertRaises(PermissionError) as caught:
+                    hook(event, args)
+                self.assertEqual(str(caught.exception), "verified-memory sandbox: %s %.200r refused after startup"
+                                 % (event, args[0]) if args else "verified-memory sandbox: %s refused after "
+                                 "startup" % event)
+        with self.assertRaises(ImportError) as caught:
+            hook("import", ("colorsys", None, None, None, None))
+        self.assertEqual(str(caught.exception), "verified-memory sandbox: import 'colorsys' refused after startup")
 
     def test_landlock_rights_by_abi(self):
         self.assertEqual([vm.landlock_rights(abi) for abi in range(1, 10)],
