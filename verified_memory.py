@@ -1482,7 +1482,7 @@ LANDLOCK_ACCESS_FS_READ_DIR = 1 << 3
 LANDLOCK_READ = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR     # all that the pack folder keeps
 PR_SET_NO_NEW_PRIVS = 38
 # Audit events (prefixes) refused once the sandbox is on: imports, processes, signals, sockets, native code,
-# changes on disk. Opening and listing are judged by path and mode instead.
+# changes on disk. Opening and listing are judged by path, mode and flags instead.
 REFUSED_EVENTS = ("import", "subprocess.", "_posixsubprocess.", "_winapi.", "os.system", "os.exec", "os.spawn",
                   "os.posix_spawn", "os.fork", "os.startfile", "os.kill", "signal.pthread_kill", "pty.", "socket.",
                   "ctypes.", "mmap.", "winreg.", "os.ch", "os.link", "os.mkdir", "os.putenv", "os.unsetenv",
