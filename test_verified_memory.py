@@ -2026,12 +2026,13 @@ class TestCommandLine(TempDirCase):
         self.assertFails(run("get", "--pack", EXAMPLE), 2, "get takes RECORD_ID")
 
     def test_absolute_paths_only(self):
-        self.assertFails(run("check", "--pack", "examples/pack", cwd=HERE), 1,
-                         "refused: --pack must be an absolute path, got 'examples/pack'")
-        self.assertFails(run("check", "--trusted-keys", "keys.txt"), 1,
+        # a path the server reads that breaks the path rule is a usage error (2), before anything is read
+        self.assertFails(run("check", "--pack", "examples/pack", cwd=HERE), 2,
+                         "verified-memory: --pack must be an absolute path, got 'examples/pack' (see --help)")
+        self.assertFails(run("check", "--trusted-keys", "keys.txt"), 2,
                          "--trusted-keys must be an absolute path, got 'keys.txt'")
         dotted = os.path.join(HERE, "examples", "..", "examples", "keys.txt")   # the host's key files as --pack
-        self.assertFails(run("check", "--revoked-keys", dotted), 1,
+        self.assertFails(run("check", "--revoked-keys", dotted), 2,
                          "--revoked-keys must be a plain absolute path (no trailing slash, '.' or '..'), got %r" % dotted)
 
     def test_flag_value_forms(self):
@@ -2148,6 +2149,64 @@ class TestCommandLine(TempDirCase):
             os.close(master)
         self.assertIn("waiting for an MCP client", line)
         self.assertIn("search --pack %s QUERY" % EXAMPLE, line)
+
+
+def quoted_command(words):
+    """A command line as a user pastes it, quoted by the standard library's own rules for this OS's shell."""
+    if os.name == "nt":
+        return subprocess.list2cmdline(words)
+    import shlex
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def shown(text):
+    """How Python's stderr shows text that holds a path that was not UTF-8: the lone surrogate as an escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+POSIX_ARGUMENTS = os.name != "nt"       # POSIX passes arguments as bytes, so any byte but NUL can arrive
+LONG = 100000 if POSIX_ARGUMENTS else 10000     # a Windows command line holds at most 32,767 characters
+COMMAND_LIST = ("commands: serve, check, search, get, check-payee, build, sign, dist, import, export-shape, maker, "
+                "help")
+
+
+class TestPrintedCommands(unittest.TestCase):
+    def test_quoting_follows_the_standard_library_for_each_shell(self):
+        import shlex
+        rng = random.Random(26)
+        alphabet = " \t\\\"'$&|;<>()*?~`!#%a/\u00e9\n"
+        for _ in range(5000):
+            words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7))) for _ in range(rng.randint(1, 4))]
+            self.assertEqual(vm.command_line(words, windows=True), subprocess.list2cmdline(words), words)
+            posix = vm.command_line(words, windows=False)
+            self.assertEqual(posix, " ".join(shlex.quote(word) for word in words), words)
+            self.assertEqual(shlex.split(posix), words)
+        self.assertEqual(vm.command_line(["python", "C:\\My Packs\\garden\\", 'say "hi"', "", "a\\\\b"], windows=True),
+                         'python "C:\\My Packs\\garden\\\\" "say \\"hi\\"" "" a\\\\b')
+        self.assertEqual(vm.command_line(["python3", "/abs/my pack", "it's", "plain"], windows=False),
+                         "python3 '/abs/my pack' 'it'\"'\"'s' plain")
+
+    @unittest.skipUnless(POSIX_ARGUMENTS, "a POSIX path can hold bytes that are not UTF-8")
+    def test_output_is_utf8_and_keeps_the_bytes_of_a_path(self):
+        buffer = io.BytesIO()
+        console = io.TextIOWrapper(buffer, encoding="cp1252", errors="strict", newline="\r\n")   # a Windows console
+        path = os.fsdecode(b"/packs/garden \xff")
+        with contextlib.redirect_stdout(console):
+            vm.write_out("built %s \u2713\n" % path)
+        self.assertEqual(buffer.getvalue(), b"built /packs/garden \xff \xe2\x9c\x93\n")
+
+    def test_parse_args_checks_each_argument_for_its_kind(self):
+        _, options, positional = vm.parse_args(["export-shape", "export.zip"])
+        self.assertEqual(positional, [os.path.join(os.getcwd(), "export.zip")])
+        _, options, _ = vm.parse_args(["import", "--export", "e.zip", "--out", EXAMPLE + "-messages"])
+        self.assertEqual(options, {"--export": os.path.join(os.getcwd(), "e.zip"), "--out": EXAMPLE + "-messages"})
+        for argv, message in ((["search", "--pack", EXAMPLE, "\udcff"], "QUERY must be UTF-8 text, got '\\udcff'"),
+                              (["check", "--pack", "rel"], "--pack must be an absolute path, got 'rel'"),
+                              (["dist", "--out", "a/../b"], "--out must be a plain path (no trailing separator, '.' or "
+                                                            "'..'), got 'a/../b'")):
+            with self.assertRaises(vm.UsageError) as caught:
+                vm.parse_args(argv)
+            self.assertEqual(str(caught.exception), message)
 
 
 # ---------------------------------------------------------------------------

@@ -3845,109 +3845,258 @@ Trust flags (serve, check, search, get, check-payee), also as --flag=value:
   --strict[=true|false]          require a trusted signature and an unexpired PACK.json
   --sandbox auto|on|off          once verified, restrict this process to reading the pack (default auto;
                                  `on` refuses to start without Linux Landlock, `off` is for debugging)
-An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be absolute and
-plain (no trailing separator, '.' or '..').
+An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be plain (no
+trailing separator, '.' or '..'); the trust flags' and the server's --pack must also be absolute, while
+build, sign, dist, import, export-shape and maker take paths relative to the working folder too. Every
+other argument must be UTF-8 text.
 Without --pack, a checkout serves the examples/pack folder beside this file.
---help shows this text; --version the version."""
+help or --help shows this text; --version the version."""
 OUTPUT_LOST = "verified-memory: standard output was closed, so the output is lost (any pack or file written stays)"
 PYTHON_COMMAND = "python" if os.name == "nt" else "python3"     # what a python.org install puts on PATH
-TRUST_FLAGS = {"--trusted-keys": "value", "--trusted-fingerprint": "list", "--revoked-keys": "value",
-               "--min-sequence": "value", "--require-signature": "bool", "--strict": "bool"}
-SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "value", "--sandbox": "value"})
+# What each flag takes: "text" (UTF-8 text), "list" (UTF-8 text, comma-separated, repeatable), "bool" (true or
+# false), "path" (read by the server: absolute and plain) or "file" (a dev-time input or output: plain, and may
+# be relative to the working folder). A path may hold any bytes the OS allows; all else must be UTF-8.
+TRUST_FLAGS = {"--trusted-keys": "path", "--trusted-fingerprint": "list", "--revoked-keys": "path",
+               "--min-sequence": "text", "--require-signature": "bool", "--strict": "bool"}
+SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "path", "--sandbox": "text"})
+CHECK_PAYEE_FLAGS = dict(SERVE_FLAGS, **{"--payee": "text", "--account": "text"})
+UNSETTABLE = set(TRUST_FLAGS) | {"--sandbox"}   # an empty or ${...} value turns these off; any other is refused
+BUILD_FLAGS = {"--messages": "file", "--records": "file", "--out": "file", "--title": "text", "--description": "text"}
+SIGN_FLAGS = {"--pack": "file", "--key": "file", "--expires": "text", "--sequence": "text", "--out": "file"}
+DIST_FLAGS = {"--out": "file", "--registry-name": "text", "--release-url": "text", "--pypi-name": "text"}
+IMPORT_FLAGS = {"--export": "file", "--out": "file"}
+MAKER_FLAGS = {"--export": "file", "--out": "file", "--records": "file", "--port": "text"}
+# command -> (its flags, its positional arguments and what each takes, the flags it cannot run without)
+COMMANDS = {"serve": (SERVE_FLAGS, {}, ()), "check": (SERVE_FLAGS, {}, ()),
+            "search": (SERVE_FLAGS, {"QUERY": "text"}, ()), "get": (SERVE_FLAGS, {"RECORD_ID": "text"}, ()),
+            "check-payee": (CHECK_PAYEE_FLAGS, {}, ("--payee", "--account")),
+            "build": (BUILD_FLAGS, {}, ("--messages", "--records", "--out", "--title")),
+            "sign": (SIGN_FLAGS, {}, ("--pack", "--key", "--expires", "--out")),
+            "dist": (DIST_FLAGS, {}, ("--out",)),
+            "import": (IMPORT_FLAGS, {}, ("--export", "--out")),
+            "export-shape": ({}, {"FILE": "file"}, ()),
+            "maker": (MAKER_FLAGS, {}, ("--export", "--out")),
+            "help": ({}, {}, ())}
+HELP_FLAGS = {"--help": "help", "-h": "help", "--version": "version"}
 PACKAGING_COMMANDS = {"build": build_command, "sign": sign_command, "dist": dist_command}
-# command -> (its flags, its positional arguments, the flags it cannot run without)
-COMMANDS = {"serve": (SERVE_FLAGS, (), ()), "check": (SERVE_FLAGS, (), ()), "search": (SERVE_FLAGS, ("QUERY",), ()),
-            "get": (SERVE_FLAGS, ("RECORD_ID",), ()),
-            "check-payee": (dict(SERVE_FLAGS, **{"--payee": "value", "--account": "value"}), (),
-                            ("--payee", "--account")),
-            "build": (dict.fromkeys(("--messages", "--records", "--out", "--title", "--description"), "value"), (),
-                      ("--messages", "--records", "--out", "--title")),
-            "sign": (dict.fromkeys(("--pack", "--key", "--expires", "--sequence", "--out"), "value"), (),
-                     ("--pack", "--key", "--expires", "--out")),
-            "dist": (dict.fromkeys(("--out", "--registry-name", "--release-url", "--pypi-name"), "value"), (),
-                     ("--out",)),
-            "import": (dict.fromkeys(("--export", "--out"), "value"), (), ("--export", "--out")),
-            "export-shape": ({}, ("FILE",), ()),
-            "maker": (dict.fromkeys(("--export", "--out", "--records", "--port"), "value"), (), ("--export", "--out"))}
+TOOL_COMMANDS = {"search": "verified_memory_search", "get": "verified_memory_get",
+                 "check-payee": "verified_memory_check_payee"}
 
 
 class UsageError(Exception):
     """A command line that cannot be run as given."""
 
 
-def parse_args(argv):
-    """argv -> (command, {flag: value}, [positionals]). Unknown flags and commands are refused."""
-    argv = list(argv)
-    command = argv.pop(0) if argv and not argv[0].startswith("-") else "serve"
+def write_out(text):
+    """Write `text` to standard output as UTF-8 with LF line ends, whatever the console's code page. A path that
+    was not UTF-8 comes out as the bytes the OS gave (the file system's own error handler), never a traceback."""
+    stream = sys.stdout
+    if not hasattr(stream, "buffer"):          # a text stream with no bytes beneath, as tests capture output
+        stream.write(text)
+        return
+    stream.flush()
+    stream.buffer.write(text.encode("utf-8", sys.getfilesystemencodeerrors()))
+    stream.buffer.flush()
+
+
+def _print_json(obj):
+    """Print JSON (UTF-8, LF) -> True, or False (said on stderr) when standard output was closed, as by
+    `... | head -1`."""
+    try:
+        write_out(json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
+    except BrokenPipeError:
+        print(OUTPUT_LOST, file=sys.stderr)
+        return False
+    return True
+
+
+def windows_argument(word):
+    """One argument written for a Windows command line, by the rules subprocess.list2cmdline documents (those of
+    Microsoft's C runtime): backslashes before a quote are doubled and the quote escaped; a word with a space or a
+    tab, or an empty one, is put in quotes, with the backslashes before the closing quote doubled."""
+    escaped = re.sub(r'(\\*)"', r'\1\1\\"', word)
+    if word and " " not in word and "\t" not in word:
+        return escaped
+    closed = re.sub(r"(\\*)\Z", r"\1\1", escaped)
+    return '"%s"' % closed
+
+
+def command_line(words, windows=os.name == "nt"):
+    """Words -> one command line a user can paste: quoted for cmd.exe's C runtime on Windows, else by shlex.quote
+    for a POSIX shell."""
+    if windows:
+        return " ".join(map(windows_argument, words))
+    import shlex                               # dev-time, and the serve path's terminal hint before the sandbox
+    return " ".join(map(shlex.quote, words))
+
+
+def this_command(*words):
+    """A command line that runs this file with `words`, for the user to paste."""
+    return command_line([PYTHON_COMMAND, os.path.abspath(__file__)] + list(words))
+
+
+def checked_path(value, flag, kind):
+    """A path argument -> the absolute path to use; UsageError unless it is plain (no trailing separator, '.' or
+    '..') and, for kind "path", absolute. Kind "file" may be relative to the working folder."""
+    if not value:
+        raise UsageError("%s is empty" % flag)
+    absolute = value
+    if kind == "file" and not os.path.isabs(value):
+        absolute = os.path.join(os.getcwd(), value)
+    try:
+        return plain_absolute_path(absolute, flag)
+    except PackError as e:
+        if kind == "file":
+            raise UsageError("%s must be a plain path (no trailing separator, '.' or '..'), got %r"
+                             % (flag, value)) from None
+        raise UsageError(str(e)) from None
+
+
+def _checked_text(value, name):
+    """`value` if it is UTF-8 text; UsageError for an argument that was not UTF-8 (which Python holds
+    surrogate-escaped), so that it never reaches a pack, a query or a printed report."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("%s must be UTF-8 text, got %r" % (name, value)) from None
+    return value
+
+
+def _checked_argument(value, name, kind):
+    """One flag value or positional argument, checked for its kind -> the value to use."""
+    if kind in ("path", "file"):
+        return checked_path(value, name, kind)
+    if kind == "list":
+        return [_checked_text(part, name) for part in value]
+    return _checked_text(value, name)
+
+
+def _command_word(words):
+    """Take the command word off the front of `words` -> the command; "serve" when the first word is a flag."""
+    if not words or words[0].startswith("-"):
+        return "serve"
+    command = words.pop(0)
     if command not in COMMANDS:
         raise UsageError("unknown command %r (commands: %s)" % (command, ", ".join(COMMANDS)))
+    return command
+
+
+def _flag_value(word, rest, flags, command):
+    """A flag word, and the word after it when it takes its value from there -> (flag, value). Unset (None): a
+    trust flag or --sandbox whose value is empty or starts with ${, as Claude Desktop passes an unset setting."""
+    name, has_value, value = word.partition("=")
+    kind = flags.get(name)
+    if kind is None:
+        raise UsageError("unknown flag %s for %s" % (name, command))
+    if kind == "bool" and not has_value:
+        value = "true"
+    elif not has_value:
+        value = next(rest, None)
+        if value is None or value.startswith("--"):
+            raise UsageError("%s needs a value" % name)
+    if value == "" or value.startswith("${"):
+        if name not in UNSETTABLE:
+            raise UsageError(_empty_value(name, value))
+        value = None
+    if kind == "bool" and value not in (None, "true", "false"):
+        raise UsageError("%s takes true or false, got %r" % (name, value))
+    return name, value
+
+
+def _empty_value(name, value):
+    """Why a flag that cannot be left unset has no value."""
+    if value:
+        return "%s is empty or an unexpanded %r" % (name, value)
+    return "%s is empty" % name
+
+
+def _set_option(options, name, value, kind):
+    """Record one flag in `options`: a list flag gathers its comma-separated parts; any other is given once."""
+    if kind == "list":
+        if value:
+            options.setdefault(name, []).extend(part.strip() for part in value.split(","))
+    elif name in options:
+        raise UsageError("%s is given twice" % name)
+    else:
+        options[name] = value
+
+
+def parse_args(argv):
+    """argv -> (command, {flag: value}, [positionals]), each path checked and made absolute; UsageError for
+    anything that cannot be run as given (an unknown command or flag, a missing value, a path that is not plain, an
+    argument that should be UTF-8 text and is not). --help, -h and --version before any `--` win."""
+    words = list(argv)
+    command = _command_word(words)
     flags, wanted, required = COMMANDS[command]
-    options, positional, i, flags_done = {}, [], 0, False
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if flags_done or not arg.startswith("-") or arg == "-":
-            positional.append(arg)
-            continue
-        if arg == "--":
-            flags_done = True
-            continue
-        if arg in ("--help", "-h", "--version"):
-            return ("version" if arg == "--version" else "help"), {}, []
-        name, has_value, value = arg.partition("=")
-        kind = flags.get(name)
-        if kind is None:
-            raise UsageError("unknown flag %s for %s" % (name, command))
-        if kind == "bool":
-            value = value if has_value else "true"
-        elif not has_value:
-            if i >= len(argv) or argv[i].startswith("--"):
-                raise UsageError("%s needs a value" % name)
-            value, i = argv[i], i + 1
-        if value == "" or value.startswith("${"):  # Claude Desktop passes ${user_config.x} when a setting is unset
-            if name not in TRUST_FLAGS and name != "--sandbox":   # settings can be unset (--sandbox: auto), a path not
-                raise UsageError("%s is empty or an unexpanded %r" % (name, value) if value else "%s is empty" % name)
-            value = None
-        if kind == "bool" and value not in (None, "true", "false"):
-            raise UsageError("%s takes true or false, got %r" % (name, value))
-        if kind == "list":
-            if value:
-                options.setdefault(name, []).extend(part.strip() for part in value.split(","))
-        elif name in options:
-            raise UsageError("%s is given twice" % name)
+    options = {}
+    positional = []
+    rest = iter(words)
+    for word in rest:
+        if word == "--":
+            positional.extend(rest)
+        elif word in HELP_FLAGS:
+            return HELP_FLAGS[word], {}, []
+        elif word.startswith("-") and word != "-":
+            name, value = _flag_value(word, rest, flags, command)
+            _set_option(options, name, value, flags[name])
         else:
-            options[name] = value
+            positional.append(word)
     if len(positional) != len(wanted):
-        raise UsageError("%s takes %s" % (command, " ".join(wanted) if wanted else "no positional arguments"))
+        raise UsageError("%s takes %s" % (command, " ".join(wanted) or "no positional arguments"))
     missing = [flag for flag in required if not options.get(flag)]
     if missing:
         raise UsageError("%s needs %s" % (command, " and ".join(missing)))
-    return command, options, positional
+    for name, value in options.items():
+        if value is not None:
+            options[name] = _checked_argument(value, name, flags[name])
+    kinds = list(wanted.values())
+    checked = [_checked_argument(value, name, kind) for value, name, kind in zip(positional, wanted, kinds)]
+    return command, options, checked
 
 
 def _host_file(path, flag):
-    data = read_regular_file(plain_absolute_path(path, flag), MAX_HOST_FILE_BYTES, path)[0]
+    """A --trusted-keys or --revoked-keys file, read once with the pack's safe-read rules -> its text."""
+    data = read_regular_file(checked_path(path, flag, "path"), MAX_HOST_FILE_BYTES, path)[0]
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise PackError("is not valid UTF-8", path) from None
 
 
-def policy_from_options(options):
-    """Read the trust flags (and their files, once) -> TrustPolicy; PackError or UsageError if unusable."""
-    keys = {}
-    for flag, parse in (("--trusted-keys", parse_trusted_keys), ("--revoked-keys", parse_revoked_keys)):
-        keys[flag] = parse(_host_file(options[flag], flag), options[flag]) if options.get(flag) else ()
+def _host_keys(options, flag, parse):
+    """The keys that `flag`'s file lists, parsed by `parse`, or () when the flag is unset."""
+    path = options.get(flag)
+    if not path:
+        return ()
+    return parse(_host_file(path, flag), path)
+
+
+def _pins(options):
+    """The --trusted-fingerprint values -> fingerprints; UsageError for one that is not a fingerprint."""
     try:
-        pinned = [parse_fingerprint(value) for value in options.get("--trusted-fingerprint", ())]
+        return [parse_fingerprint(value) for value in options.get("--trusted-fingerprint", ())]
     except ValueError as e:
         raise UsageError("--trusted-fingerprint: %s" % e) from None
+
+
+def _min_sequence(options):
+    """--min-sequence -> a whole number, or None when unset."""
     minimum = options.get("--min-sequence")
-    if minimum is not None and not re.fullmatch(r"[0-9]{1,18}", minimum):
+    if minimum is None:
+        return None
+    if not re.fullmatch(r"[0-9]{1,18}", minimum):
         raise UsageError("--min-sequence must be a whole number, 0 or more, got %r" % minimum)
-    policy = TrustPolicy(keys["--trusted-keys"], pinned, keys["--revoked-keys"],
-                         None if minimum is None else int(minimum),
-                         options.get("--require-signature") == "true", options.get("--strict") == "true")
+    return int(minimum)
+
+
+def policy_from_options(options):
+    """Read the trust flags (and their files, once) -> TrustPolicy; PackError or UsageError if unusable."""
+    trusted = _host_keys(options, "--trusted-keys", parse_trusted_keys)
+    revoked = _host_keys(options, "--revoked-keys", parse_revoked_keys)
+    require = options.get("--require-signature") == "true"
+    strict = options.get("--strict") == "true"
+    policy = TrustPolicy(trusted=trusted, pinned=_pins(options), revoked=revoked,
+                         min_sequence=_min_sequence(options), require_signature=require, strict=strict)
     policy.check()
     return policy
 
@@ -3955,43 +4104,94 @@ def policy_from_options(options):
 def pack_root(options):
     """--pack, or in a checkout the examples/pack folder beside this file."""
     if options.get("--pack"):
-        return plain_absolute_path(options["--pack"], "--pack")
-    example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples", "pack")
+        return checked_path(options["--pack"], "--pack", "path")
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(here, "examples", "pack")
     if os.path.isdir(example):
         return example
     raise UsageError("--pack /absolute/path/to/pack is required (no examples/pack beside this file)")
 
 
-def _print_json(obj):
-    """Print JSON as UTF-8 with LF, whatever the console code page or the OS's line ending -> True, or False
-    (said on stderr) when standard output was closed, as by `... | head -1`."""
-    try:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(json.dumps(obj, ensure_ascii=False, indent=2).encode("utf-8") + b"\n")
-        sys.stdout.buffer.flush()
-    except BrokenPipeError:
-        print(OUTPUT_LOST, file=sys.stderr)
-        return False
-    return True
+def _sandbox_mode(options):
+    """--sandbox -> auto, on or off (auto when unset, empty or ${...})."""
+    mode = options.get("--sandbox") or "auto"
+    if mode not in SANDBOX_MODES:
+        raise UsageError("--sandbox takes auto, on or off, got %r" % mode)
+    return mode
+
+
+def _terminal_hint(snapshot):
+    """What serve says on stderr when its stdin is a terminal, where a person, not a client, is typing."""
+    search = this_command("search", "--pack", snapshot.root, "QUERY")
+    return ("verified-memory: serving %s (%d records) over MCP stdio, waiting for an MCP client on stdin. This is "
+            "not an interactive prompt; to search from a terminal run: %s"
+            % (snapshot.root, snapshot.pack["records"], search))
+
+
+def open_pack(command, options):
+    """The serving commands' start: trust flags, --pack and --sandbox -> (snapshot, sandbox status, terminal hint
+    or None). The hint is written before the sandbox, which refuses imports, is applied."""
+    mode = _sandbox_mode(options)
+    policy = policy_from_options(options)
+    snapshot = load_pack(pack_root(options), policy, time.time_ns())
+    hint = None
+    if command == "serve" and sys.stdin.isatty():
+        hint = _terminal_hint(snapshot)
+    sandbox = apply_sandbox(snapshot.root, mode)   # before any thread starts and the first protocol byte
+    return snapshot, sandbox, hint
+
+
+def warn_about(snapshot, verification):
+    """Say on stderr what a person should know before trusting this pack: it is stale, or its signer untrusted."""
+    freshness = verification["freshness"]
+    if freshness["status"] in ("stale", "not_yet_valid"):
+        print("verified-memory: warning: pack freshness is %s (created %s, expires %s)"
+              % (freshness["status"], freshness["created_utc"], freshness["expires_utc"]), file=sys.stderr)
+    if snapshot.signature["status"] == "untrusted":
+        print("verified-memory: warning: pack is signed by %s, which is not a key you trust; signature.status is "
+              "untrusted" % snapshot.signature["fingerprint"], file=sys.stderr)
+
+
+def tool_command(snapshot, command, options, positional):
+    """`search`, `get` or `check-payee`: print what the tool returns -> 0, or 1 on an error or (check-payee)
+    any outcome but a match."""
+    name = TOOL_COMMANDS[command]
+    values = positional or [options["--payee"], options["--account"]]
+    arguments = dict(zip(TOOL_ARGUMENT[name], values))
+    payload, error = ToolServer(snapshot, time.time_ns).call(name, arguments)
+    if error:
+        print("verified-memory: %s" % error, file=sys.stderr)
+        return 1
+    delivered = _print_json(payload)
+    matched = payload.get("outcome", "match") == "match"
+    return 0 if delivered and matched else 1
+
+
+def serve_command(snapshot, hint):
+    """The MCP server on stdin and stdout until the client leaves -> exit status."""
+    # While the index builds, a request waits for the index thread to let go of the interpreter after each of its
+    # system calls; a short switch interval keeps that wait short, and costs nothing once no thread competes.
+    sys.setswitchinterval(0.0001)
+    snapshot.index.start()                    # index while the client starts; the first search waits for it
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr                   # a stray print must never corrupt the protocol stream
+    if hint:
+        print(hint, file=sys.stderr)
+    return serve(snapshot, sys.stdin.buffer, out)
 
 
 def main(argv=None):
-    """Run one command -> exit status (0 ok, 1 refused or failed, 2 usage)."""
+    """Run one command -> exit status (0 ok, 1 refused or failed, 2 a command line that cannot be run as given)."""
     try:
         command, options, positional = parse_args(sys.argv[1:] if argv is None else argv)
         if command in ("help", "version"):
-            print(USAGE if command == "help" else "verified_memory.py %s" % VERSION)
+            write_out((USAGE if command == "help" else "verified_memory.py %s" % VERSION) + "\n")
             return 0
         if command in PACKAGING_COMMANDS:
             return PACKAGING_COMMANDS[command](options)
         if command in EXPORT_COMMANDS:
             return EXPORT_COMMANDS[command](options, positional)
-        mode = options.get("--sandbox") or "auto"   # unset, empty or ${...}: auto
-        if mode not in SANDBOX_MODES:
-            raise UsageError("--sandbox takes auto, on or off, got %r" % mode)
-        policy, root = policy_from_options(options), pack_root(options)
-        snapshot = load_pack(root, policy, time.time_ns())
-        sandbox = apply_sandbox(snapshot.root, mode)   # before any thread starts and the first protocol byte
+        snapshot, sandbox, hint = open_pack(command, options)
     except UsageError as e:
         print("verified-memory: %s (see --help)" % e, file=sys.stderr)
         return 2
@@ -4005,37 +4205,13 @@ def main(argv=None):
         print("verified-memory: failed, nothing was written: %s" % e, file=sys.stderr)
         return 1
     verification = snapshot.verification(time.time_ns())
-    freshness = verification["freshness"]
-    if freshness["status"] in ("stale", "not_yet_valid"):
-        print("verified-memory: warning: pack freshness is %s (created %s, expires %s)"
-              % (freshness["status"], freshness["created_utc"], freshness["expires_utc"]), file=sys.stderr)
-    if snapshot.signature["status"] == "untrusted":
-        print("verified-memory: warning: pack is signed by %s, which is not a key you trust; signature.status is "
-              "untrusted" % snapshot.signature["fingerprint"], file=sys.stderr)
+    warn_about(snapshot, verification)
     if command == "check":
-        return 0 if _print_json({"pack": snapshot.root, "verification": verification, "sandbox": sandbox}) else 1
-    if command in ("search", "get", "check-payee"):
-        name = "verified_memory_" + command.replace("-", "_")
-        payload, error = ToolServer(snapshot, time.time_ns).call(name, dict(zip(
-            TOOL_ARGUMENT[name], positional or (options["--payee"], options["--account"]))))
-        if error:
-            print("verified-memory: %s" % error, file=sys.stderr)
-            return 1
-        delivered = _print_json(payload)
-        return 0 if delivered and payload.get("outcome", "match") == "match" else 1
-    # While the index builds, a request waits for the index thread to let go of the interpreter after each of
-    # its system calls (read, the disk checks, write): at the default 5 ms a request took about 45 ms, at
-    # 0.1 ms it takes about 1 ms. Once the index is built no thread competes, and the setting costs nothing.
-    sys.setswitchinterval(0.0001)
-    snapshot.index.start()                    # index while the client starts; the first search waits for it
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr                   # a stray print must never corrupt the protocol stream
-    if sys.stdin.isatty():
-        search_command = "%s %s search --pack %s QUERY" % (PYTHON_COMMAND, os.path.abspath(__file__), snapshot.root)
-        print("verified-memory: serving %s (%d records) over MCP stdio, waiting for an MCP client on stdin. "
-              "This is not an interactive prompt; to search from a terminal run: %s"
-              % (snapshot.root, snapshot.pack["records"], search_command), file=sys.stderr)
-    return serve(snapshot, sys.stdin.buffer, out)
+        report = {"pack": snapshot.root, "verification": verification, "sandbox": sandbox}
+        return 0 if _print_json(report) else 1
+    if command in TOOL_COMMANDS:
+        return tool_command(snapshot, command, options, positional)
+    return serve_command(snapshot, hint)
 
 
 if __name__ == "__main__":
