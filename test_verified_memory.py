@@ -3790,9 +3790,13 @@ class TestBuilderRules(unittest.TestCase):
         self.assertNotIn("\n## M-garden-7", memory)
 
     def test_title_and_record_limit(self):
-        with self.assertRaises(vm.PackError) as caught:
-            build_files(self.MESSAGES, [quote_record("M-1", 1, "gate")], title="two\nlines")
-        self.assertEqual(str(caught.exception), "--title must be one non-empty line")
+        # a line break of any kind would start a new Markdown line in MEMORY.md and README.md
+        for title in ("two\nlines", "two\rlines", "two\u2028lines", "two\x85lines", "line\n", " ", ""):
+            with self.subTest(title=title), self.assertRaises(vm.PackError) as caught:
+                build_files(self.MESSAGES, [quote_record("M-1", 1, "gate")], title=title)
+            self.assertEqual(str(caught.exception), "--title must be one non-empty line")
+        memory = build_files(self.MESSAGES, [quote_record("M-1", 1, "gate")], title="Tab\there")["MEMORY.md"]
+        self.assertTrue(memory.startswith(b"# Tab\there\n"))
         many = [quote_record("M-%d" % i, 1, "gate") for i in range(10001)]
         with self.assertRaises(vm.PackError) as caught:
             build_files(self.MESSAGES, many)
