@@ -5162,6 +5162,10 @@ def read_lines(path):
     return [json.loads(line) for line in read(path).decode().splitlines()]
 
 
+# every refusal of an export's content ends by pointing to export-shape
+SHAPE_HINT = "; run export-shape on it to see its structure (never its text) and include what it prints in a bug report"
+
+
 class TestExportReaders(TempDirCase):
     def messages(self, data, name="conversations.json"):
         export = vm.read_export(data, name)
@@ -5170,7 +5174,7 @@ class TestExportReaders(TempDirCase):
     def refuse(self, data, message, name="export.json"):
         with self.assertRaises(vm.PackError) as caught:
             vm.read_export(data, name)
-        self.assertEqual(str(caught.exception), message)
+        self.assertEqual(str(caught.exception), message + SHAPE_HINT)
 
     def test_the_fact_sheet_examples_give_the_expected_messages(self):
         self.assertEqual(self.messages(FACT_CHATGPT.encode()), FACT_CHATGPT_MESSAGES)
@@ -5249,6 +5253,22 @@ class TestExportReaders(TempDirCase):
             with self.subTest(bad=bad):
                 self.assertIsNone(vm.export_time(bad))
 
+    def test_a_message_without_a_time_takes_the_one_before_it(self):
+        nodes = {"r": gpt_node(None, ["u"]), "u": gpt_node("r", ["a"], "user", ["Morning."], 1717236000.0),
+                 "a": gpt_node("u", ["b"], "assistant", ["Hello."], 1717239600.0),
+                 "b": gpt_node("a", [], "assistant", ["Still here."], None)}
+        dated = vm.read_export(json_bytes([gpt_conversation("c", "Times", 1717000000.0, nodes, "b")]), "t.json")
+        self.assertEqual([date for date, _, _ in dated.messages], ["2024-06-01T10:00:00Z", "2024-06-01T11:00:00Z",
+                                                                   "2024-06-01T11:00:00Z"])
+        nodes["u"]["message"]["create_time"] = None            # the first takes the conversation's own time
+        undated = vm.read_export(json_bytes([gpt_conversation("c", "Times", 1717000000.0, nodes, "b")]), "t.json")
+        self.assertEqual(undated.messages[0][0], "2024-05-29T16:26:40Z")
+        nodes["u"]["message"]["create_time"] = "soon"
+        none = vm.read_export(json_bytes([gpt_conversation("c", "Times", None, nodes, "b")]), "t.json")
+        self.assertEqual(([date for date, _, _ in none.messages], none.skipped["undated"]),
+                         (["2024-06-01T11:00:00Z", "2024-06-01T11:00:00Z"], 1))
+        self.assertEqual(none.conversations, [("Times", "2024-06-01T11:00:00Z", 0, 2)])
+
     def test_deep_trees_are_walked_without_recursion(self):
         nodes, parent = {"root": gpt_node(None, ["m0"])}, "root"
         for i in range(5000):
@@ -5275,8 +5295,7 @@ class TestExportReaders(TempDirCase):
         self.refuse(b'[{"title": "\xff"}]', "export.json: is not UTF-8 (byte 13)")
 
     def test_damaged_and_unknown_exports_are_refused_saying_what_was_found(self):
-        suggestion = ("; expected an array of ChatGPT (mapping) or Claude (chat_messages) conversations from one "
-                      "export. Run export-shape on it and include what it prints in a bug report")
+        suggestion = "; expected an array of ChatGPT (mapping) or Claude (chat_messages) conversations from one export"
         self.refuse(b'[{"mapping": {}} {"mapping": {}}]',
                     "export.json: is not valid JSON: Expecting ',' delimiter at line 1 column 18 (character 18)")
         self.refuse(b'[{"mapping": {}},]', "export.json: is not valid JSON: Expecting value at line 1 column 18 "
@@ -5296,20 +5315,18 @@ class TestExportReaders(TempDirCase):
                     "export.json: entry 3 is an object with keys account, chat_messages, created_at, name, updated_at,"
                     " uuid" + suggestion)
         self.refuse(b'[{"mapping": []}]', "export.json: entry 1 is not shaped like a ChatGPT conversation "
-                    "(AttributeError: 'list' object has no attribute 'items'); run export-shape on it and include "
-                    "what it prints in a bug report")
+                    "(AttributeError: 'list' object has no attribute 'items')")
         self.refuse(b'[{"chat_messages": [{"content": "text"}]}]', "export.json: entry 1 is not shaped like a "
-                    "Claude conversation (AttributeError: 'str' object has no attribute 'get'); run export-shape on "
-                    "it and include what it prints in a bug report")
+                    "Claude conversation (AttributeError: 'str' object has no attribute 'get')")
         self.refuse(b"[]", "export.json: has 0 conversations but no user or assistant text to import")
         self.refuse(zip_bytes({"user.json": b"{}", "chat.html": b""}), "export.json: is a zip without "
-                    "conversations.json; run export-shape on it to see what it holds")
+                    "conversations.json")
         whole = chatgpt_zip()
         for cut in (len(whole) // 2, len(whole) - 30):
             with self.assertRaises(vm.PackError) as caught:
                 vm.read_export(whole[:cut], "export.zip")
             self.assertRegex(str(caught.exception), r"^export\.zip: is a damaged zip \(.+\); it may be truncated: "
-                                                    r"download the export again$")
+                                                    r"download the export again" + re.escape(SHAPE_HINT) + "$")
 
     def test_zip_bombs_are_refused_without_inflating_them(self):
         import tracemalloc
@@ -5337,7 +5354,7 @@ class TestExportReaders(TempDirCase):
                     peak = tracemalloc.get_traced_memory()[1]
                 finally:
                     tracemalloc.stop()
-                self.assertEqual(str(caught.exception), expected)
+                self.assertEqual(str(caught.exception), expected + SHAPE_HINT)
                 self.assertLess(peak, 4 << 20)                      # far below the 32 MiB it would inflate to
 
     def test_export_shape_prints_structure_and_no_text(self):
@@ -5415,6 +5432,29 @@ class TestImportCommand(TempDirCase):
         self.assertEqual(done.returncode, 1)
         self.assertIn(b"is not valid JSON: Expecting ',' delimiter at line 1 column 17 (character 17)", done.stderr)
         self.assertEqual(sorted(os.listdir(self.tmp)), ["conversations.json", "messages.jsonl"])
+
+    def test_every_refusal_of_an_export_points_to_export_shape(self):
+        whole = chatgpt_zip()
+        not_json = json_bytes(chatgpt_export())[:-1]
+        for name, data, found in (("truncated.zip", whole[:len(whole) // 2], "is a damaged zip (File is not a zip file); "
+                                   "it may be truncated: download the export again"),
+                                  ("conversations.json", not_json, "is not valid JSON: Expecting ',' delimiter"),
+                                  ("user.json", b'{"email": "x"}', "the whole file is an object with keys email"),
+                                  ("empty.json", b"[]", "has 0 conversations but no user or assistant text")):
+            with self.subTest(name=name):
+                export = os.path.join(self.tmp, name)
+                write(export, data)
+                for command in ("import", "maker"):
+                    done = run(command, "--export", export, "--out", os.path.join(self.tmp, "out"))
+                    self.assertEqual((done.returncode, done.stdout), (1, b""))
+                    line = done.stderr.decode().rstrip("\r\n")
+                    self.assertTrue(line.startswith("verified-memory: refused: %s: %s" % (export, found)), line)
+                    self.assertTrue(line.endswith(SHAPE_HINT), line)
+                    self.assertEqual(line.count("export-shape"), 1)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out")))
+        # a file that cannot be read is not an export's shape: no hint
+        done = run("import", "--export", os.path.join(self.tmp, "none.zip"), "--out", os.path.join(self.tmp, "out"))
+        self.assertNotIn(b"export-shape", done.stderr)
 
     def test_an_export_over_the_size_limit_is_refused_unread(self):
         export = os.path.join(self.tmp, "conversations.json")
@@ -5620,6 +5660,10 @@ class TestPackMakerApi(MakerCase):
             "at: 12")})
         wrong[1]["quotes"][0] = {"message_id": 99, "quote": "x"}
         self.assertIn("message 99 is not in the messages file", maker.api("records", {"records": wrong}, 400)["error"])
+        for odd in ([5], {"n": 5}, 5.0, True, "5"):         # a message_id of any other type is the builder's to refuse
+            wrong[1]["quotes"][0] = {"message_id": odd, "quote": "x"}
+            self.assertEqual(maker.api("records", {"records": wrong}, 400)["error"], "records.jsonl line 2, field "
+                             "quotes[0].message_id: must be an integer")
         self.assertEqual(maker.api("records", {"records": "M-1"}, 400), {"error": "records must be a list of objects"})
         self.assertFalse(os.path.exists(self.out))
         report = maker.api("build", {"title": "Garden memory", "description": "From the maker.", "records": RECORDS})
@@ -5698,6 +5742,17 @@ class TestPackMakerApi(MakerCase):
         self.assertEqual(done.returncode, 1)
         self.assertEqual(done.stderr.decode().rstrip("\r\n"), "verified-memory: refused: records.jsonl line 1, "
                          "field quotes[0].message_id: message 99 is not in the messages file")
+
+    @unittest.skipUnless(os.name != "nt", "a POSIX path can hold bytes that are not UTF-8")
+    def test_an_out_folder_that_is_not_utf8(self):
+        self.export = os.path.join(self.tmp, "chatgpt-export.zip")
+        write(self.export, chatgpt_zip())
+        out = os.path.join(self.tmp, "pack \udcff")       # b"pack \xff" on disk
+        maker = MakerProcess(self, self.export, out).login()
+        self.assertEqual(maker.api("state")["out"], out)      # sent as a JSON escape: the reply stays UTF-8
+        report = maker.api("build", {"title": "Garden memory", "records": RECORDS})
+        self.assertEqual(report["pack"], out)
+        self.assertTrue(os.path.isfile(os.path.join(out, "records.jsonl")))
 
     def test_start_up_refusals_and_stop(self):
         write(os.path.join(self.tmp, "taken"), "")

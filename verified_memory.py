@@ -2898,80 +2898,166 @@ def sign_command(options):
 # ============================================================================
 
 MAX_EXPORT_BYTES = 2 << 30          # an export file, and all the JSON inflated from one zip
+INFLATE_STEP = 1 << 20              # a zip member is inflated this much at a time
 CONVERSATIONS_FILE = re.compile(r"conversations(?:-[0-9]+)?\.json")    # 2026 ChatGPT exports come in shards
+ANY_JSON_FILE = re.compile(r".+\.json")
 CLAUDE_ROOT = "00000000-0000-4000-8000-000000000000"     # parent_message_uuid of a conversation's first message
 ASSISTANTS = {"mapping": "ChatGPT", "chat_messages": "Claude"}   # the key that marks each vendor's conversations
 SHAPE_VALUE_KEYS = ("content_type", "type", "role", "sender")
+SHAPE_LISTED_SUFFIXES = (".json", ".html", ".index", "/")     # zip members export-shape lists by name and size
+MAX_SHAPE_KEYS = 20                  # keys named when an export entry is not a conversation
+EXPORT_SHAPE_HINT = ("; run export-shape on it to see its structure (never its text) and include what it prints "
+                     "in a bug report")
 MAKER_INPUTS = ("messages.jsonl", "records.jsonl")       # the input names a maker-built pack's README records
 MAX_REQUEST_BYTES, MAX_SEARCH_RESULTS = 32 << 20, 50
+SNIPPET_BEFORE, SNIPPET_CHARS = 60, 240     # a search result's snippet: from shortly before its first word
 MAKER_API = ("state", "conversation", "search", "records", "build", "check", "quit")
 _CITATION_MARKS = re.compile("\ue200[^\ue201]*\ue201|\u3010[^\u3011]*\u2020[^\u3011]*\u3011")
 _EXPORT_TIME = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.[0-9]+)?"
                           r"(Z|[+-][0-9]{2}:[0-9]{2})")
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_JSON_DECODER = json.JSONDecoder()
 _SHAPE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")     # a plain name: not an id, not text
-_JSON_TYPE_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean",
-                    type(None): "null"}
+# JSON's name for each type json.loads returns, by the Python type's name
+_JSON_TYPE_NAMES = {"dict": "object", "list": "array", "str": "string", "int": "integer", "float": "number",
+                    "bool": "boolean", "NoneType": "null"}
 # An export as read: vendor (ChatGPT or Claude); conversations as (title, date, index of the first message, message
 # count); messages as (date, speaker, text), numbered from 1; and a Counter of what was left out, by kind.
 ChatExport = namedtuple("ChatExport", "vendor conversations messages skipped")
+# One conversation of an export as read: its creation time (else its first message's) and id, which order the
+# export; its update time, which picks the newer of two copies; its title; its (date, speaker, text) messages;
+# and a Counter of what was left out.
+ExportConversation = namedtuple("ExportConversation", "created id updated title texts skipped")
+
+
+def _json_type(value):
+    """The JSON type of a value json.loads returned: object, array, string, integer, number, boolean or null."""
+    return _JSON_TYPE_NAMES[type(value).__name__]
+
+
+def _counted(counter):
+    """A Counter as text for export-shape: "name xCOUNT" in name order."""
+    return ", ".join("%s x%d" % item for item in sorted(counter.items()))
+
+
+def _export_datetime(value):
+    """An export's time -> an aware datetime: ISO 8601 with Z or an offset, else a number of epoch seconds (floored).
+    TypeError, ValueError, OverflowError or OSError when it is neither."""
+    match = None
+    if isinstance(value, str):
+        match = _EXPORT_TIME.fullmatch(value)
+    if match:
+        offset = match.group(2).replace("Z", "+00:00")
+        return datetime.datetime.fromisoformat(match.group(1) + offset)
+    seconds = int(value // 1)                 # TypeError for a string that is not a time
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
 
 
 def export_time(value):
     """An export's time (epoch seconds, or ISO 8601 with Z or an offset) -> UTC text truncated to the second,
     like 2024-06-01T10:01:40Z, or None when it is missing or not a time."""
-    match = _EXPORT_TIME.fullmatch(value) if isinstance(value, str) else None
     try:
-        when = (datetime.datetime.fromisoformat(match.group(1) + match.group(2).replace("Z", "+00:00")) if match
-                else datetime.datetime.fromtimestamp(int(value // 1), datetime.timezone.utc))
-        return when.astimezone(datetime.timezone.utc).isoformat()[:19] + "Z"
-    except (TypeError, ValueError, OverflowError, OSError):     # TypeError: neither a number nor a time
+        when = _export_datetime(value).astimezone(datetime.timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
         return None
+    return when.isoformat()[:19] + "Z"
 
 
 def _label(value):
-    # a role, content type or key if it looks like one, else a placeholder: never a piece of text
-    return value if isinstance(value, str) and _SHAPE_WORD.fullmatch(value) else "(other)"
+    """A role, content type or key if it looks like one, else a placeholder: never a piece of text."""
+    if isinstance(value, str) and _SHAPE_WORD.fullmatch(value):
+        return value
+    return "(other)"
 
 
 def _clean_text(text):
-    # citation marks out, both ends stripped, surrogate halves (see _export_text) paired and lone ones replaced
+    """Citation marks out, both ends stripped, surrogate halves (see _export_text) paired and lone ones replaced."""
     text = _CITATION_MARKS.sub("", text).strip()
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _export_text(data, name):
-    # surrogatepass: some exports encode an emoji's two UTF-16 halves separately (CESU-8); _clean_text pairs them
+    """An export file's bytes -> text. surrogatepass: some exports encode an emoji's two UTF-16 halves separately
+    (CESU-8), and _clean_text pairs them."""
     try:
         return data.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError as e:
         raise PackError("is not UTF-8 (byte %d)" % (e.start + 1), name) from None
 
 
+def _skip_space(text, pos):
+    """The position of the first character at or after `pos` that is not JSON white space."""
+    return _JSON_SPACE.match(text, pos).end()
+
+
+def _json_values(text):
+    """(path, value) for a JSON text: each item of a top-level array as "$[]", decoded one at a time, else the
+    whole value as "$". json.JSONDecodeError where the text stops being JSON."""
+    pos = _skip_space(text, 0)
+    if text[pos:pos + 1] != "[":
+        yield "$", json.loads(text)
+        return
+    pos = _skip_space(text, pos + 1)
+    closed = text[pos:pos + 1] == "]"
+    while not closed:
+        value, pos = _JSON_DECODER.raw_decode(text, pos)     # after a comma, "]" fails here: no trailing comma
+        yield "$[]", value
+        pos = _skip_space(text, pos)
+        separator = text[pos:pos + 1]
+        if separator not in (",", "]"):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
+        closed = separator == "]"
+        if not closed:
+            pos = _skip_space(text, pos + 1)
+    end = _skip_space(text, pos + 1)
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+
+
 def _json_items(text, name):
-    # (path, value) for each item of a top-level array ("$[]"), decoded one at a time so that a big export never
-    # exists twice as Python objects; any other JSON value comes whole, as "$". Errors name the position.
-    decoder, pos = json.JSONDecoder(), _JSON_SPACE.match(text).end()
+    """(path, value) for each item of a top-level array ("$[]"), decoded one at a time so that a big export never
+    exists twice as Python objects, or any other JSON value whole ("$"). PackError names the position of invalid
+    JSON, or says it nests too deeply."""
     try:
-        if text[pos:pos + 1] != "[":
-            yield "$", json.loads(text)
-            return
-        pos, separator = _JSON_SPACE.match(text, pos + 1).end(), "["
-        while text[pos:pos + 1] != "]" or separator == ",":     # after a comma, "]" is an error
-            value, pos = decoder.raw_decode(text, pos)
-            yield "$[]", value
-            pos = _JSON_SPACE.match(text, pos).end()
-            separator = text[pos:pos + 1]
-            if separator not in (",", "]"):
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
-            pos = _JSON_SPACE.match(text, pos + (separator == ",")).end()
-        if _JSON_SPACE.match(text, pos + 1).end() != len(text):
-            raise json.JSONDecodeError("Extra data", text, _JSON_SPACE.match(text, pos + 1).end())
+        yield from _json_values(text)
     except json.JSONDecodeError as e:
-        raise PackError("is not valid JSON: %s at line %d column %d (character %d)"
-                        % (e.msg, e.lineno, e.colno, e.pos + 1), name) from None
+        where = "line %d column %d (character %d)" % (e.lineno, e.colno, e.pos + 1)
+        raise PackError("is not valid JSON: %s at %s" % (e.msg, where), name) from None
     except RecursionError:
         raise PackError("nests too deeply to read", name) from None
+
+
+def _member_order(member):
+    """Zip members are read in name order."""
+    return member.filename
+
+
+def _wanted_members(archive, wanted, name):
+    """The members of a zip whose base name matches `wanted`, in name order; PackError if together they would
+    inflate past MAX_EXPORT_BYTES (by their declared sizes: nothing is inflated yet)."""
+    members = []
+    for member in archive.infolist():
+        base = member.filename.rsplit("/", 1)[-1]
+        if wanted.fullmatch(base):
+            members.append(member)
+    members.sort(key=_member_order)
+    total = sum(member.file_size for member in members)
+    if total > MAX_EXPORT_BYTES:
+        names = ", ".join(member.filename for member in members)
+        raise PackError("%s inflate to %d bytes, past the limit of %d" % (names, total, MAX_EXPORT_BYTES), name)
+    return members
+
+
+def _inflate(archive, member):
+    """A zip member's text, inflated INFLATE_STEP at a time: one that inflates past its declared size stops there
+    and fails its CRC check."""
+    chunks = []
+    with archive.open(member) as stream:
+        chunk = stream.read(INFLATE_STEP)
+        while chunk:
+            chunks.append(chunk)
+            chunk = stream.read(INFLATE_STEP)
+    return _export_text(b"".join(chunks), member.filename)
 
 
 def export_documents(data, name, wanted=CONVERSATIONS_FILE):
@@ -2988,80 +3074,271 @@ def export_documents(data, name, wanted=CONVERSATIONS_FILE):
     import zlib
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-        members = sorted((m for m in archive.infolist() if wanted.fullmatch(m.filename.rsplit("/", 1)[-1])),
-                         key=lambda m: m.filename)
-        if sum(m.file_size for m in members) > MAX_EXPORT_BYTES:
-            raise PackError("%s inflate to %d bytes, past the limit of %d" % (
-                ", ".join(m.filename for m in members), sum(m.file_size for m in members), MAX_EXPORT_BYTES), name)
-        documents = []
-        for member in members:
-            with archive.open(member) as stream:
-                documents.append((member.filename, _export_text(b"".join(iter(lambda: stream.read(1 << 20), b"")),
-                                                                member.filename)))
-        return documents, [(m.filename, m.file_size) for m in archive.infolist()]
+        members = _wanted_members(archive, wanted, name)
+        documents = [(member.filename, _inflate(archive, member)) for member in members]
+        listing = [(member.filename, member.file_size) for member in archive.infolist()]
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError,
             OSError) as e:
         raise PackError("is a damaged zip (%s); it may be truncated: download the export again" % e, name) from None
+    return documents, listing
+
+
+def _newest_leaf_order(mapping, key):
+    """How the leaves of a ChatGPT tree compare to find the newest: by their message's time, then by id."""
+    message = mapping[key].get("message") or {}
+    return message.get("create_time") or 0, key
+
+
+def _chatgpt_branch(mapping, node_id):
+    """The messages from node `node_id` (else from the newest leaf) up to the root, leaf first. A loop that stops
+    at a repeat, since real trees run thousands deep."""
+    if node_id not in mapping:
+        leaves = []
+        for key, node in mapping.items():
+            if not node.get("children"):
+                leaves.append(key)
+        node_id = max(leaves, default=None, key=functools.partial(_newest_leaf_order, mapping))
+    chain = {}
+    while node_id in mapping and node_id not in chain:
+        node = mapping[node_id]
+        chain[node_id] = node.get("message")
+        node_id = node.get("parent")
+    return list(chain.values())
+
+
+def _chatgpt_left_out(message):
+    """Why a ChatGPT message is left out (hidden, a role other than user or assistant, a tool call, a content type
+    without text to keep), or None when it is kept."""
+    metadata = message.get("metadata") or {}
+    if metadata.get("is_visually_hidden_from_conversation") or metadata.get("is_user_system_message"):
+        return "hidden"
+    role = (message.get("author") or {}).get("role")
+    if role not in ("user", "assistant"):
+        return _label(role)
+    if message.get("recipient", "all") != "all":
+        return "tool call"
+    kind = (message.get("content") or {}).get("content_type")
+    if kind not in ("text", "multimodal_text"):
+        return _label(kind)
+    return None
+
+
+def _chatgpt_text(message):
+    """A kept ChatGPT message's text: its string parts and audio transcriptions, one a line."""
+    parts = []
+    content = message.get("content") or {}
+    for part in content.get("parts") or ():
+        if isinstance(part, str):
+            parts.append(part)
+        elif part.get("content_type") == "audio_transcription":
+            parts.append(part.get("text") or "")
+    return "\n".join(parts)
 
 
 def _chatgpt_messages(conversation, skipped):
-    # A ChatGPT conversation -> [(time, role, text)] along its visible branch: from current_node (else the newest
-    # leaf) up to the root, walked in a loop that stops at a repeat, since real trees run thousands deep.
-    mapping, node_id, chain, found = conversation["mapping"], conversation.get("current_node"), {}, []
-    if node_id not in mapping:
-        node_id = max((key for key, node in mapping.items() if not node.get("children")), default=None,
-                      key=lambda key: ((mapping[key].get("message") or {}).get("create_time") or 0, key))
-    while node_id in mapping and node_id not in chain:
-        chain[node_id] = mapping[node_id].get("message")
-        node_id = mapping[node_id].get("parent")
+    """A ChatGPT conversation -> [(time, role, text)] along its visible branch: from current_node (else the newest
+    leaf) up to the root. What is left out is counted in `skipped`, by kind."""
+    mapping = conversation["mapping"]
+    chain = _chatgpt_branch(mapping, conversation.get("current_node"))
     skipped["other branch"] += len(mapping) - len(chain)
-    for message in filter(None, reversed(list(chain.values()))):      # the root has no message
-        content, metadata = message.get("content") or {}, message.get("metadata") or {}
-        role, kind = (message.get("author") or {}).get("role"), content.get("content_type")
-        left_out = ("hidden" if metadata.get("is_visually_hidden_from_conversation")
-                    or metadata.get("is_user_system_message")
-                    else _label(role) if role not in ("user", "assistant")
-                    else "tool call" if message.get("recipient", "all") != "all"
-                    else _label(kind) if kind not in ("text", "multimodal_text") else None)
+    found = []
+    for message in reversed(chain):
+        if not message:                       # the root has no message
+            continue
+        left_out = _chatgpt_left_out(message)
         if left_out:
             skipped[left_out] += 1
         else:
-            parts = [part if isinstance(part, str) else part.get("text") or "" for part in content.get("parts") or ()
-                     if isinstance(part, str) or part.get("content_type") == "audio_transcription"]
-            found.append((message.get("create_time"), role, "\n".join(parts)))
+            role = message["author"]["role"]
+            text = _chatgpt_text(message)
+            found.append((message.get("create_time"), role, text))
     return found
+
+
+def _claude_leaf(messages):
+    """The uuid of the newest Claude message that no other names as its parent (latest created_at, then the
+    later in the list), or None."""
+    parents = {message["parent_message_uuid"] for message in messages}
+    leaves = []
+    for i, message in enumerate(messages):
+        uuid = message.get("uuid")
+        if uuid not in parents:
+            leaves.append((str(message.get("created_at")), i, uuid))
+    if not leaves:
+        return None
+    newest = max(leaves)
+    return newest[2]
+
+
+def _claude_time_order(message):
+    """Claude messages without a usable thread are read in time order, the human's first on a tie."""
+    created = str(message.get("created_at"))
+    return created, message.get("sender") != "human"
+
+
+def _claude_branch(messages):
+    """A Claude conversation's messages in reading order: from the newest leaf up its parent_message_uuid chain
+    when every message names its parent and the chain reaches the root, else all of them in time order."""
+    if not messages or not all("parent_message_uuid" in message for message in messages):
+        return sorted(messages, key=_claude_time_order)
+    by_uuid = {message.get("uuid"): message for message in messages}
+    uuid = _claude_leaf(messages)
+    chain = {}
+    while uuid in by_uuid and uuid not in chain:
+        chain[uuid] = by_uuid[uuid]
+        uuid = by_uuid[uuid].get("parent_message_uuid")
+    if uuid != CLAUDE_ROOT:                   # a broken thread: every message, in time order
+        return sorted(messages, key=_claude_time_order)
+    return list(reversed(list(chain.values())))
+
+
+def _claude_text(message, skipped):
+    """A Claude message's text: its text blocks as they are, with "\n\n" where other blocks part two of them (those
+    are counted in `skipped`), else its `text` field."""
+    parts = []
+    gap = False
+    for block in message.get("content") or ():
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            if gap and parts:
+                parts.append("\n\n")
+            parts.append(block["text"])
+        else:
+            skipped[_label(kind) + " block"] += 1
+        gap = kind != "text"
+    joined = "".join(parts).strip()
+    return joined or message.get("text") or ""
 
 
 def _claude_messages(conversation, skipped):
-    # A Claude conversation -> [(time, role, text)]: from the newest leaf up to the root when every message names
-    # its parent, else every message in time order (human first on a tie). Attachments are left out.
-    messages, chain, uuid, found = conversation["chat_messages"], {}, None, []
-    by_uuid = {message.get("uuid"): message for message in messages}
-    if messages and all("parent_message_uuid" in message for message in messages):
-        parents = {message["parent_message_uuid"] for message in messages}
-        uuid = max(((str(message.get("created_at")), i, message.get("uuid")) for i, message in enumerate(messages)
-                    if message.get("uuid") not in parents), default=(None, None, None))[2]
-        while uuid in by_uuid and uuid not in chain:
-            chain[uuid] = by_uuid[uuid]
-            uuid = by_uuid[uuid].get("parent_message_uuid")
-    chain = (list(reversed(list(chain.values()))) if uuid == CLAUDE_ROOT else
-             sorted(messages, key=lambda message: (str(message.get("created_at")), message.get("sender") != "human")))
+    """A Claude conversation -> [(time, role, text)] along its visible branch (see _claude_branch). Attachments are
+    left out; what is left out is counted in `skipped`, by kind."""
+    messages = conversation["chat_messages"]
+    chain = _claude_branch(messages)
     skipped["other branch"] += len(messages) - len(chain)
+    found = []
     for message in chain:
-        skipped["attachment"] += len(message.get("attachments") or ()) + len(message.get("files") or ())
-        parts, gap = [], False
-        for block in message.get("content") or ():           # "\n\n" where other blocks part two text blocks
-            if block.get("type") == "text" and isinstance(block.get("text"), str):
-                parts += ["\n\n", block["text"]] if gap and parts else [block["text"]]
-            else:
-                skipped[_label(block.get("type")) + " block"] += 1
-            gap = block.get("type") != "text"
-        if message.get("sender") in ("human", "assistant"):
-            found.append((message.get("created_at"), "user" if message["sender"] == "human" else "assistant",
-                          "".join(parts).strip() or message.get("text") or ""))
+        attachments = message.get("attachments") or ()
+        files = message.get("files") or ()
+        skipped["attachment"] += len(attachments) + len(files)
+        text = _claude_text(message, skipped)
+        sender = message.get("sender")
+        if sender in ("human", "assistant"):
+            role = "user" if sender == "human" else "assistant"
+            found.append((message.get("created_at"), role, text))
         else:
-            skipped[_label(message.get("sender"))] += 1
+            skipped[_label(sender)] += 1
     return found
+
+
+MESSAGE_READERS = {"mapping": _chatgpt_messages, "chat_messages": _claude_messages}
+
+
+def _conversation_kind(path, conversation, number, vendor, document):
+    """The key that marks an export entry as a ChatGPT ("mapping") or Claude ("chat_messages") conversation of the
+    same vendor as those before it (`vendor`); PackError saying what was found instead."""
+    keys = []
+    if isinstance(conversation, dict):
+        keys = sorted(map(_label, conversation))
+    kinds = [kind for kind in ASSISTANTS if kind in keys]
+    kind = kinds[0] if kinds else None
+    if path == "$[]" and kind and vendor in (None, kind):
+        return kind
+    where = "the whole file"
+    if path == "$[]":
+        where = "entry %d" % number
+    found = "a JSON " + _json_type(conversation)
+    if keys:
+        found = "an object with keys " + ", ".join(keys[:MAX_SHAPE_KEYS])
+    raise PackError("%s is %s; expected an array of ChatGPT (mapping) or Claude (chat_messages) conversations from "
+                    "one export" % (where, found), document)
+
+
+def _dated_texts(messages, date, assistant, skipped):
+    """(time, role, text) -> [(date, speaker, text)] with clean, non-empty text. A message without a time takes
+    the one before it (the first, `date`); empty and undated ones are counted in `skipped`."""
+    texts = []
+    last_date = date
+    for when, role, text in messages:
+        clean = _clean_text(text)
+        last_date = export_time(when) or last_date
+        speaker = "user" if role == "user" else assistant
+        if clean and last_date:
+            texts.append((last_date, speaker, clean))
+        elif last_date:
+            skipped["empty"] += 1
+        else:
+            skipped["undated"] += 1
+    return texts
+
+
+def _read_conversation(conversation, kind):
+    """One export conversation of vendor key `kind` -> ExportConversation."""
+    skipped = Counter()
+    created = conversation.get("create_time") or conversation.get("created_at")
+    date = export_time(created)
+    messages = MESSAGE_READERS[kind](conversation, skipped)
+    texts = _dated_texts(messages, date, ASSISTANTS[kind], skipped)
+    if not date and texts:                    # sorted by creation time, else by its first message's
+        date = texts[0][0]
+    conversation_id = conversation.get("id") or conversation.get("uuid") or ""
+    updated = conversation.get("update_time") or conversation.get("updated_at")
+    title = conversation.get("title") or conversation.get("name") or ""
+    return ExportConversation(date or "", str(conversation_id), export_time(updated) or "",
+                              _clean_text(title) or "(untitled)", texts, skipped)
+
+
+def _conversation_entry(conversation, kind, number, document):
+    """Entry `number` of an export file, read as a conversation; PackError when it is not shaped like one."""
+    try:
+        return _read_conversation(conversation, kind)
+    except (AttributeError, TypeError, KeyError, ValueError) as e:
+        vendor = ASSISTANTS[kind]
+        detail = "%s: %s" % (type(e).__name__, e)
+        raise PackError("entry %d is not shaped like a %s conversation (%s)" % (number, vendor, detail),
+                        document) from None
+
+
+def _creation_order(entry):
+    """An export's conversations are ordered by creation time, then id."""
+    return entry.created, entry.id
+
+
+def _assemble(kept, vendor, name):
+    """The conversations kept from an export -> ChatExport, messages numbered in conversation order."""
+    conversations = []
+    messages = []
+    skipped = Counter()
+    for entry in sorted(kept.values(), key=_creation_order):
+        skipped.update(entry.skipped)
+        if not entry.texts:
+            skipped["conversation without text"] += 1
+            continue
+        texts = entry.texts
+        first_date, _, _ = texts[0]
+        conversations.append((entry.title, first_date, len(messages), len(texts)))
+        messages.extend(texts)
+    if not messages:
+        raise PackError("has %d conversations but no user or assistant text to import" % len(kept), name)
+    return ChatExport(ASSISTANTS[vendor], conversations, messages, skipped)
+
+
+def _read_export(data, name):
+    """read_export without the hint that export-shape can describe the export."""
+    documents, _ = export_documents(data, name)
+    if not documents:
+        raise PackError("is a zip without conversations.json", name)
+    vendor = None
+    kept = {}
+    for document, text in documents:
+        items = _json_items(text, document)
+        for number, (path, conversation) in enumerate(items, 1):
+            vendor = _conversation_kind(path, conversation, number, vendor, document)
+            entry = _conversation_entry(conversation, vendor, number, document)
+            key = entry.id or (document, number)
+            if key not in kept or entry.updated > kept[key].updated:
+                kept[key] = entry
+    return _assemble(kept, vendor, name)
 
 
 def read_export(data, name):
@@ -3070,95 +3347,102 @@ def read_export(data, name):
     Each conversation keeps its visible branch and only user and assistant text; a message without a time takes
     the one before it. Conversations are ordered by (creation time, id), and one found in two shards keeps its
     newer copy, so the same export always gives the same messages. Anything else raises PackError saying what
-    was found.
+    was found, and that export-shape can describe the export for a bug report.
     """
-    documents, _ = export_documents(data, name)
-    if not documents:
-        raise PackError("is a zip without conversations.json; run export-shape on it to see what it holds", name)
-    vendor, kept = None, {}
-    for document, text in documents:
-        for number, (path, conversation) in enumerate(_json_items(text, document), 1):
-            keys = sorted(map(_label, conversation)) if isinstance(conversation, dict) else []
-            kind = "mapping" if "mapping" in keys else "chat_messages" if "chat_messages" in keys else None
-            if path == "$" or kind is None or vendor not in (None, kind):
-                raise PackError("%s is %s; expected an array of ChatGPT (mapping) or Claude (chat_messages) "
-                                "conversations from one export. Run export-shape on it and include what it prints "
-                                "in a bug report" % ("entry %d" % number if path == "$[]" else "the whole file",
-                                                     "an object with keys " + ", ".join(keys[:20]) if keys else
-                                                     "a JSON " + _JSON_TYPE_NAMES[type(conversation)]), document)
-            vendor, skipped, texts = kind, Counter(), []
-            try:
-                date = export_time(conversation.get("create_time") or conversation.get("created_at"))
-                for when, role, text in (_chatgpt_messages if kind == "mapping" else _claude_messages)(conversation,
-                                                                                                        skipped):
-                    text, date = _clean_text(text), export_time(when) or date
-                    if text and date:
-                        texts.append((date, "user" if role == "user" else ASSISTANTS[kind], text))
-                    else:
-                        skipped["empty" if date else "undated"] += 1
-                entry = ((export_time(conversation.get("create_time") or conversation.get("created_at"))
-                          or (texts[0][0] if texts else ""),        # sorted by creation time, else its first message's
-                          str(conversation.get("id") or conversation.get("uuid") or "")),
-                         export_time(conversation.get("update_time") or conversation.get("updated_at")) or "",
-                         _clean_text(conversation.get("title") or conversation.get("name") or "") or "(untitled)",
-                         texts, skipped)
-            except (AttributeError, TypeError, KeyError, ValueError) as e:
-                raise PackError("entry %d is not shaped like a %s conversation (%s: %s); run export-shape on it and "
-                                "include what it prints in a bug report" % (number, ASSISTANTS[kind],
-                                                                           type(e).__name__, e), document) from None
-            key = entry[0][1] or (document, number)
-            if key not in kept or entry[1] > kept[key][1]:
-                kept[key] = entry
-    conversations, messages, skipped = [], [], Counter()
-    for _, _, title, texts, counts in sorted(kept.values(), key=lambda entry: entry[0]):
-        skipped.update(counts)
-        if texts:
-            conversations.append((title, texts[0][0], len(messages), len(texts)))
-            messages.extend(texts)
-        else:
-            skipped["conversation without text"] += 1
-    if not messages:
-        raise PackError("has %d conversations but no user or assistant text to import" % len(kept), name)
-    return ChatExport(ASSISTANTS[vendor], conversations, messages, skipped)
+    try:
+        return _read_export(data, name)
+    except PackError as e:
+        raise PackError(str(e) + EXPORT_SHAPE_HINT) from None
 
 
 def messages_jsonl(numbered):
     """(id, (date, speaker, text)) pairs -> the builder's messages.jsonl bytes, one object per line."""
-    return "".join(json.dumps({"id": number, "date": date, "speaker": speaker, "text": text}, ensure_ascii=False)
-                   + "\n" for number, (date, speaker, text) in numbered).encode("utf-8")
+    lines = []
+    for number, (date, speaker, text) in numbered:
+        message = {"id": number, "date": date, "speaker": speaker, "text": text}
+        lines.append(json.dumps(message, ensure_ascii=False) + "\n")
+    return "".join(lines).encode("utf-8")
 
 
 def export_summary(export):
     """One line: conversation and message counts and what was left out, by kind (never any text)."""
-    skipped = ", ".join("%d %s" % (count, kind) for kind, count in sorted(export.skipped.items()) if count)
-    return "%s export: %d conversations, %d messages; left out: %s" % (
-        export.vendor, len(export.conversations), len(export.messages), skipped or "nothing")
+    counts = []
+    for kind, count in sorted(export.skipped.items()):
+        if count:
+            counts.append("%d %s" % (count, kind))
+    left_out = ", ".join(counts) or "nothing"
+    conversations = len(export.conversations)
+    messages = len(export.messages)
+    return "%s export: %d conversations, %d messages; left out: %s" % (export.vendor, conversations, messages, left_out)
+
+
+class _PathShape:
+    """What json_shape gathers at one path: the JSON types seen with counts, the shortest and longest length
+    (characters, items or keys) and, for the keys of SHAPE_VALUE_KEYS, the values seen."""
+
+    def __init__(self, key):
+        self.keeps_values = key in SHAPE_VALUE_KEYS
+        self.kinds = Counter()
+        self.shortest = None                  # lengths of the values that have one
+        self.longest = None
+        self.values = Counter()
+
+    def add(self, value):
+        """Count one value seen at this path."""
+        self.kinds[_json_type(value)] += 1
+        if isinstance(value, (str, list, dict)):
+            size = len(value)
+            if self.shortest is None:
+                self.shortest = self.longest = size
+            else:
+                self.shortest = min(self.shortest, size)
+                self.longest = max(self.longest, size)
+        if self.keeps_values and isinstance(value, str):
+            self.values[_label(value)] += 1
+
+    def describe(self, path):
+        """One line of export-shape's output for this path."""
+        kinds = _counted(self.kinds)
+        lengths = ""
+        if self.shortest is not None:
+            lengths = " (length %d to %d)" % (self.shortest, self.longest)
+        values = ""
+        if self.values:
+            values = "; values: " + _counted(self.values)
+        return "  %s: %s%s%s" % (path, kinds, lengths, values)
+
+
+def _json_children(path, value):
+    """The (path, value) pairs one level inside an object or an array. A key that is not a plain name (an id, say)
+    becomes <key>."""
+    if isinstance(value, dict):
+        children = []
+        for key, child in value.items():
+            if not _SHAPE_WORD.fullmatch(key):
+                key = "<key>"
+            children.append((path + "." + key, child))
+        return children
+    if isinstance(value, list):
+        return [(path + "[]", child) for child in value]
+    return []
 
 
 def json_shape(items):
     """(path, value) pairs -> lines describing their structure: per path the JSON types seen with counts, the range
     of lengths (characters, items or keys) and the values of content_type, type, role and sender. Keys that are not
     plain names (ids) become <key>; no other string, title or name is ever printed."""
-    paths = {}
+    shapes = {}
     for item in items:
-        stack = [item]
+        stack = [item]                        # one top-level item at a time: a big export is never walked whole
         while stack:
             path, value = stack.pop()
-            entry = paths.get(path) or paths.setdefault(path, [Counter(), _INFINITY, 0, Counter()])
-            entry[0][_JSON_TYPE_NAMES[type(value)]] += 1
-            if isinstance(value, (str, list, dict)):
-                entry[1], entry[2] = min(entry[1], len(value)), max(entry[2], len(value))
-            if isinstance(value, dict):
-                stack.extend((path + "." + (key if _SHAPE_WORD.fullmatch(key) else "<key>"), child)
-                             for key, child in value.items())
-            elif isinstance(value, list):
-                stack.extend((path + "[]", child) for child in value)
-            elif isinstance(value, str) and path.rsplit(".", 1)[-1] in SHAPE_VALUE_KEYS:
-                entry[3][_label(value)] += 1
-    return ["  %s: %s%s%s" % (path, ", ".join("%s x%d" % kind for kind in sorted(kinds.items())),
-                              " (length %d to %d)" % (shortest, longest) if longest >= shortest else "",
-                              "; values: " + ", ".join("%s x%d" % v for v in sorted(values.items())) if values else "")
-            for path, (kinds, shortest, longest, values) in sorted(paths.items())]
+            shape = shapes.get(path)
+            if shape is None:
+                key = path.rsplit(".", 1)[-1]
+                shape = shapes[path] = _PathShape(key)
+            shape.add(value)
+            stack.extend(_json_children(path, value))
+    return [shapes[path].describe(path) for path in sorted(shapes)]
 
 
 def check_report(root, policy):
@@ -3167,86 +3451,133 @@ def check_report(root, policy):
     return {"pack": snapshot.root, "verification": snapshot.verification(time.time_ns())}
 
 
+def _quote_ids(records):
+    """The integer message_id of every quote of the page's records, whatever their shape (the builder checks it)."""
+    ids = set()
+    for record in records:
+        quotes = record.get("quotes")
+        if not isinstance(quotes, list):
+            continue
+        for quote in quotes:
+            if isinstance(quote, dict) and type(quote.get("message_id")) is int:
+                ids.add(quote["message_id"])
+    return ids
+
+
 class PackMaker:
     """The maker page's state: one export's messages, a word index over them, and the folder Build writes.
     Each api_* method takes the page's JSON object and returns one; a PackError is the page's error message."""
 
     def __init__(self, export, out, records=()):
-        self.export, self.out, self.records = export, os.path.abspath(out), list(records)
+        self.export = export
+        self.out = os.path.abspath(out)
+        self.records = list(records)
         self.firsts = [first for _, _, first, _ in export.conversations]
-        self.postings = defaultdict(lambda: array.array("I"))          # word -> message indexes, ascending
+        self.postings = defaultdict(functools.partial(array.array, "I"))    # word -> message indexes, ascending
         for i, (_, _, text) in enumerate(export.messages):
             for word in set(search_words(text)):
                 self.postings[word].append(i)
 
     def api_state(self, request):
-        return {"summary": export_summary(self.export), "assistant": self.export.vendor, "out": self.out,
-                "conversations": [[title, date, count] for title, date, _, count in self.export.conversations],
-                "records": self.records, "cited": {n: message[:2] for n, message in self._cited(self.records)}}
+        """The export's summary and conversations, and the records to resume with the messages they cite."""
+        export = self.export
+        conversations = [[title, date, count] for title, date, _, count in export.conversations]
+        cited = {}
+        for number, (date, speaker, _) in self._cited(self.records):
+            cited[number] = (date, speaker)
+        summary = export_summary(export)
+        return {"summary": summary, "assistant": export.vendor, "out": self.out, "conversations": conversations,
+                "records": self.records, "cited": cited}
 
     def api_conversation(self, request):
+        """One conversation's messages, as [number, date, speaker, text]."""
         index = request.get("index")
-        if type(index) is not int or not 0 <= index < len(self.firsts):
-            raise PackError("index must be a conversation number from 0 to %d" % (len(self.firsts) - 1))
+        count = len(self.firsts)
+        if type(index) is not int or not 0 <= index < count:
+            raise PackError("index must be a conversation number from 0 to %d" % (count - 1))
         title, date, first, count = self.export.conversations[index]
-        return {"title": title, "date": date,
-                "messages": [[i + 1] + list(self.export.messages[i]) for i in range(first, first + count)]}
+        messages = []
+        for i in range(first, first + count):
+            date_sent, speaker, text = self.export.messages[i]
+            messages.append([i + 1, date_sent, speaker, text])
+        return {"title": title, "date": date, "messages": messages}
 
-    def api_search(self, request):
-        # messages holding every word of the query, by the word rules of verified_memory_search; newest first
+    def _query_words(self, request):
+        """The page's query -> its different words, by the word rules of verified_memory_search."""
         query = request.get("query")
         if not isinstance(query, str) or not 1 <= len(query) <= MAX_QUERY_CHARS:
             raise PackError("the query must be 1 to %d characters long" % MAX_QUERY_CHARS)
         words = list(dict.fromkeys(search_words(query)))
         if len(words) > MAX_QUERY_TERMS:
             raise PackError("the query has %d different words; the limit is %d" % (len(words), MAX_QUERY_TERMS))
-        lists = sorted((self.postings.get(word, ()) for word in words), key=len)
-        found = set(lists[0]).intersection(*lists[1:]) if lists else set()
-        results = []
-        for i in heapq.nlargest(MAX_SEARCH_RESULTS, found):
-            date, speaker, text = self.export.messages[i]
-            at = max(0, text.casefold().find(words[0]) - 60)      # the snippet starts near the first word
-            results.append([i + 1, bisect_left(self.firsts, i + 1) - 1, date, speaker, text[at:at + 240]])
+        return words
+
+    def _result(self, i, first_word):
+        """Search result for message index `i`: [number, conversation index, date, speaker, snippet]."""
+        date, speaker, text = self.export.messages[i]
+        found_at = text.casefold().find(first_word)
+        at = max(0, found_at - SNIPPET_BEFORE)
+        conversation = bisect_left(self.firsts, i + 1) - 1
+        snippet = text[at:at + SNIPPET_CHARS]
+        return [i + 1, conversation, date, speaker, snippet]
+
+    def api_search(self, request):
+        """Messages holding every word of the query, newest first: how many, and the first MAX_SEARCH_RESULTS."""
+        words = self._query_words(request)
+        lists = [self.postings.get(word, ()) for word in words]
+        lists.sort(key=len)                   # the shortest first: the intersection only shrinks from there
+        found = set()
+        if lists:
+            found = set(lists[0]).intersection(*lists[1:])
+        newest = heapq.nlargest(MAX_SEARCH_RESULTS, found)
+        results = [self._result(i, words[0]) for i in newest]
         return {"matched": len(found), "results": results}
 
     def _cited(self, records):
-        # (number, message) for each message of this export that `records` quote
-        numbers = {quote.get("message_id") for record in records
-                   for quote in (record.get("quotes") if isinstance(record.get("quotes"), list) else ())
-                   if isinstance(quote, dict)}
-        return sorted((n, self.export.messages[n - 1]) for n in numbers
-                      if type(n) is int and 0 < n <= len(self.export.messages))
+        """(number, message) for each message of this export that `records` quote."""
+        messages = self.export.messages
+        numbers = [n for n in _quote_ids(records) if 0 < n <= len(messages)]
+        return [(n, messages[n - 1]) for n in sorted(numbers)]
 
     def api_records(self, request):
-        # the page's records checked by the builder against the messages they quote -> records.jsonl text
+        """The page's records checked by the builder against the messages they quote -> records.jsonl text."""
         records = request.get("records")
-        if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        objects = isinstance(records, list) and all(isinstance(record, dict) for record in records)
+        if not objects:
             raise PackError("records must be a list of objects")
-        data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8")
-        build_pack_files(messages_jsonl(self._cited(records)), data, "records", "", MAKER_INPUTS)
+        lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
+        data = "".join(lines).encode("utf-8")
+        cited = messages_jsonl(self._cited(records))
+        build_pack_files(cited, data, "records", "", MAKER_INPUTS)
         return {"jsonl": data.decode("utf-8")}
 
     def api_build(self, request):
-        # the builder on all messages, published to --out as `build` does, then the check report
+        """The builder on all messages, published to --out as `build` does -> the check report."""
         data = self.api_records(request)["jsonl"].encode("utf-8")
-        title, description = request.get("title"), request.get("description", "")
+        title = request.get("title")
+        description = request.get("description", "")
         if not isinstance(title, str) or not isinstance(description, str):
             raise PackError("title and description must be strings")
-        files = build_pack_files(messages_jsonl(enumerate(self.export.messages, 1)), data, title, description,
-                                 MAKER_INPUTS)
-        publish_pack(files, self.out, lambda staging: load_pack(staging, TrustPolicy(), time.time_ns()))
+        messages = messages_jsonl(enumerate(self.export.messages, 1))
+        files = build_pack_files(messages, data, title, description, MAKER_INPUTS)
+        publish_pack(files, self.out, _verify_staged)
         return check_report(self.out, TrustPolicy())
 
     def api_check(self, request):
-        # `check` on a pack folder, trusting the pasted allowed_signers lines and pinning the SHA256: lines
-        pack, keys = request.get("pack"), request.get("keys", "")
+        """`check` on a pack folder, trusting the pasted allowed_signers lines and pinning the SHA256: lines."""
+        pack = request.get("pack")
+        keys = request.get("keys", "")
         if not isinstance(pack, str) or not isinstance(keys, str):
             raise PackError("pack and keys must be strings")
-        lines = keys.split("\n")
-        pins = [line.strip().startswith("SHA256:") for line in lines]
-        return check_report(pack, TrustPolicy(
-            parse_trusted_keys("\n".join("" if pin else line for line, pin in zip(lines, pins)), "pasted keys"),
-            parse_revoked_keys("\n".join(line if pin else "" for line, pin in zip(lines, pins)), "pasted keys")))
+        signers = []
+        pins = []
+        for line in keys.split("\n"):         # each list keeps every line number: the other's lines stay blank
+            is_pin = line.strip().startswith("SHA256:")
+            pins.append(line if is_pin else "")
+            signers.append("" if is_pin else line)
+        trusted = parse_trusted_keys("\n".join(signers), "pasted keys")
+        pinned = parse_revoked_keys("\n".join(pins), "pasted keys")
+        return check_report(pack, TrustPolicy(trusted=trusted, pinned=pinned))
 
 
 MAKER_HTML = """<!doctype html>
@@ -3680,6 +4011,64 @@ MAKER_HEADERS = (("Content-Security-Policy", "default-src 'none'; script-src 'se
                  ("Cache-Control", "no-store"), ("Cross-Origin-Resource-Policy", "same-origin"))
 
 
+class MakerGate:
+    """Who may use the maker page: the one-time token of the printed address, the session cookie it buys, and
+    the exact Host (against DNS rebinding) and Origin (against other sites) of every request."""
+
+    def __init__(self, port):
+        self.origin = "http://127.0.0.1:%d" % port
+        self.host = "127.0.0.1:%d" % port
+        self.token = os.urandom(18).hex()
+        secret = os.urandom(24).hex()
+        self.cookie = "vm_maker_%d=%s" % (port, secret)
+        self.token_unused = True
+
+    def trade_token(self, host, query):
+        """True, once, for a visit to the printed address (its Host and ?token=): it gets the session cookie."""
+        import hmac
+        if not self.token_unused or host != self.host:
+            return False
+        expected = "token=" + self.token
+        if not hmac.compare_digest(query.encode(), expected.encode()):
+            return False
+        self.token_unused = False             # the token works once (racing this needs the token itself)
+        return True
+
+    def refusal(self, method, headers):
+        """Why a request with these headers is refused (another Host, another Origin, no session), or None."""
+        import hmac
+        host = headers.get("Host")
+        if host != self.host:
+            return "wrong Host header %r; open %s" % (host, self.origin)
+        default_origin = self.origin if method == "GET" else None      # a browser may leave it out of a GET
+        if headers.get("Origin", default_origin) != self.origin:
+            return "requests from other origins are refused"
+        session = self.cookie.encode()
+        sent = headers.get("Cookie") or ""
+        cookies = [part.strip().encode() for part in sent.split(";")]
+        if not any(hmac.compare_digest(cookie, session) for cookie in cookies):
+            return "no maker session: open the address the maker printed (its token works once)"
+        return None
+
+
+def _api_call(maker, path, length, body):
+    """POST `path` with `length` (the Content-Length header) and `body` (read when that is valid) -> (API name,
+    answer). ValueError for a request that is not an API call; PackError or OSError from the call itself."""
+    name = path[len("/api/"):]
+    sized = length.isdigit() and int(length) <= MAX_REQUEST_BYTES
+    if not path.startswith("/api/") or name not in MAKER_API or not sized:
+        raise ValueError("expected POST /api/NAME (NAME one of %s) with a JSON object of at most %d bytes and its "
+                         "Content-Length" % (", ".join(MAKER_API), MAX_REQUEST_BYTES))
+    data = body(int(length))
+    request = strict_json_loads(data.decode("utf-8"))
+    if not isinstance(request, dict):
+        raise ValueError("the body must be a JSON object")
+    if name == "quit":
+        return name, {"stopping": True}
+    call = getattr(maker, "api_" + name)
+    return name, call(request)
+
+
 def serve_maker(maker, port, announce):
     """Serve the maker page and its API on 127.0.0.1 until Ctrl-C or the page's Stop button.
 
@@ -3687,108 +4076,124 @@ def serve_maker(maker, port, announce):
     session cookie. Every other request needs that cookie, the exact Host (against DNS rebinding) and, for the
     API, our own Origin (against other sites). Nothing is logged: requests carry chat text.
     """
-    import hmac
     import http.server
-    token, unused = os.urandom(18).hex().encode(), [True]
 
     class MakerHandler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
 
         def reply(self, status, answer, content_type="application/json", headers=()):
-            body = answer if isinstance(answer, bytes) else json.dumps(answer, ensure_ascii=False).encode("utf-8")
+            """Send one response with the page's security headers; `answer` is bytes, or an object sent as JSON."""
+            body = answer
+            if not isinstance(answer, bytes):     # a --out that is not UTF-8 goes as a JSON escape: valid UTF-8
+                body = json.dumps(answer, ensure_ascii=False).encode("utf-8", "backslashreplace")
             self.send_response(status)
-            for header in MAKER_HEADERS + headers + (("Content-Type", content_type),
-                                                     ("Content-Length", str(len(body)))):
+            sized = (("Content-Type", content_type), ("Content-Length", str(len(body))))
+            for header in MAKER_HEADERS + headers + sized:
                 self.send_header(*header)
             self.end_headers()
             self.wfile.write(body)
 
         def refused(self):
-            # after replying 403, why this request is refused (DNS rebinding, another site, no session), or None
-            cookies = [part.strip().encode() for part in (self.headers.get("Cookie") or "").split(";")]
-            why = ("wrong Host header %r; open %s" % (self.headers.get("Host"), origin)
-                   if self.headers.get("Host") != origin[7:] else
-                   "requests from other origins are refused"
-                   if self.headers.get("Origin", origin if self.command == "GET" else None) != origin else
-                   None if any(hmac.compare_digest(part, session) for part in cookies) else
-                   "no maker session: open the address the maker printed (its token works once)")
+            """Reply 403 to a request the gate refuses -> True, else False."""
+            why = gate.refusal(self.command, self.headers)
             if why:
                 self.reply(403, {"error": why})
-            return why
+            return bool(why)
 
         def do_GET(self):
             path, _, query = self.path.partition("?")
-            if path == "/" and unused and self.headers.get("Host") == origin[7:] \
-                    and hmac.compare_digest(query.encode(), b"token=" + token):
-                unused.clear()                    # the token works once (racing this needs the token itself)
-                cookie = session.decode() + "; HttpOnly; SameSite=Strict; Path=/"
-                return self.reply(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
-            if not self.refused():
-                kind, text = MAKER_FILES.get(path, ("application/json", None))
-                self.reply(200 if text else 404, text.encode("utf-8") if text else {"error": "no such page"}, kind)
-
-        def do_POST(self):
-            name, length = self.path[len("/api/"):], self.headers.get("Content-Length", "")
+            if path == "/" and gate.trade_token(self.headers.get("Host"), query):
+                cookie = gate.cookie + "; HttpOnly; SameSite=Strict; Path=/"
+                self.reply(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
+                return
             if self.refused():
                 return
+            if path not in MAKER_FILES:
+                self.reply(404, {"error": "no such page"})
+                return
+            kind, text = MAKER_FILES[path]
+            self.reply(200, text.encode("utf-8"), kind)
+
+        def do_POST(self):
+            if self.refused():
+                return
+            length = self.headers.get("Content-Length", "")
             try:
-                if not self.path.startswith("/api/") or name not in MAKER_API or not length.isdigit() \
-                        or int(length) > MAX_REQUEST_BYTES:
-                    raise ValueError("expected POST /api/NAME (NAME one of %s) with a JSON object of at most %d bytes "
-                                     "and its Content-Length" % (", ".join(MAKER_API), MAX_REQUEST_BYTES))
-                request = strict_json_loads(self.rfile.read(int(length)).decode("utf-8"))
-                if not isinstance(request, dict):
-                    raise ValueError("the body must be a JSON object")
-                answer = {"stopping": True} if name == "quit" else getattr(maker, "api_" + name)(request)
+                name, answer = _api_call(maker, self.path, length, self.rfile.read)
             except (ValueError, PackError, OSError) as e:    # OSError: Build could not write; nothing was left
-                return self.reply(400, {"error": str(e)})
+                self.reply(400, {"error": str(e)})
+                return
             self.reply(200, answer)
             if name == "quit":
                 threading.Thread(target=self.server.shutdown).start()
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), MakerHandler)
-    origin, session = ("http://127.0.0.1:%d" % server.server_address[1],
-                       ("vm_maker_%d=%s" % (server.server_address[1], os.urandom(24).hex())).encode())
+    gate = MakerGate(server.server_address[1])
     try:
-        announce("%s/?token=%s" % (origin, token.decode()))
+        announce("%s/?token=%s" % (gate.origin, gate.token))
         server.serve_forever()
     finally:
         server.server_close()
 
 
 def _load_export(options):
-    if os.path.lexists(options["--out"]):
-        raise PackError("%s already exists; --out must name something that does not exist yet" % options["--out"])
-    return read_export(_read_input(options["--export"], MAX_EXPORT_BYTES), options["--export"])
+    """The export of --export, read; PackError if --out exists already (checked first: reading can take long)."""
+    out = options["--out"]
+    if os.path.lexists(out):
+        raise PackError("%s already exists; --out must name something that does not exist yet" % out)
+    path = options["--export"]
+    return read_export(_read_input(path, MAX_EXPORT_BYTES), path)
 
 
 def import_command(options, positional):
     """`import`: a ChatGPT or Claude export -> the builder's messages.jsonl, written only if it did not exist."""
     export = _load_export(options)
+    out = options["--out"]
+    data = messages_jsonl(enumerate(export.messages, 1))
     try:
-        _write_new(options["--out"], messages_jsonl(enumerate(export.messages, 1)))
-    except BaseException as e:
-        if not isinstance(e, FileExistsError) and os.path.lexists(options["--out"]):
-            os.unlink(options["--out"])      # ours, part-written: O_EXCL created it
+        _write_new(out, data)
+    except FileExistsError:                   # someone else's file: never removed
         raise
-    print("wrote %s from a %s" % (options["--out"], export_summary(export)))
+    except BaseException:
+        if os.path.lexists(out):
+            os.unlink(out)                    # ours, part-written: O_EXCL created it
+        raise
+    write_out("wrote %s from a %s\n" % (out, export_summary(export)))
     return 0
 
 
 def export_shape_command(options, positional):
     """`export-shape FILE`: the structure of a JSON or zip export (files, keys, types, counts, lengths), no text."""
-    documents, members = export_documents(_read_input(positional[0], MAX_EXPORT_BYTES), positional[0],
-                                          re.compile(r".+\.json"))
-    shown = (".json", ".html", ".index", "/")
-    print("".join("%s  %d bytes\n" % (member, size) for member, size in members if member.endswith(shown)), end="")
-    others = Counter(_label(os.path.splitext(member)[1][1:].lower()) for member, _ in members
-                     if not member.endswith(shown))
+    path = positional[0]
+    data = _read_input(path, MAX_EXPORT_BYTES)
+    documents, members = export_documents(data, path, ANY_JSON_FILE)
+    others = Counter()
+    for member, size in members:
+        if member.endswith(SHAPE_LISTED_SUFFIXES):
+            write_out("%s  %d bytes\n" % (member, size))
+        else:
+            _, extension = os.path.splitext(member)
+            others[_label(extension[1:].lower())] += 1
     if others:
-        print("other files by extension: " + ", ".join("%s x%d" % item for item in sorted(others.items())))
+        write_out("other files by extension: %s\n" % _counted(others))
     for name, text in documents:
-        print("%s:\n%s" % (name, "\n".join(json_shape(_json_items(text, name)))))
+        lines = json_shape(_json_items(text, name))
+        write_out("%s:\n%s\n" % (name, "\n".join(lines)))
     return 0
+
+
+def _saved_records(path):
+    """maker --records: the records of a saved selection, or () without the flag."""
+    if not path:
+        return ()
+    data = _read_input(path, MAX_INPUT_BYTES["records"])
+    return [record for _, record in _input_objects(data, path)]
+
+
+def _announce(url):
+    """Print the maker's address for the user to open."""
+    write_out("pack maker: open %s in your browser (Ctrl-C stops it)\n" % url)
 
 
 def maker_command(options, positional):
@@ -3797,17 +4202,15 @@ def maker_command(options, positional):
     if not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
         raise UsageError("--port must be a port number from 0 (any free port) to 65535")
     export = _load_export(options)
-    records = options.get("--records")
-    maker = PackMaker(export, options["--out"], [record for _, record in _input_objects(_read_input(
-        records, MAX_INPUT_BYTES["records"]), records)] if records else ())
-    if records:
+    saved = _saved_records(options.get("--records"))
+    maker = PackMaker(export, options["--out"], saved)
+    if maker.records:
         maker.api_records({"records": maker.records})    # a saved selection must fit this export
-    print(export_summary(export))
+    write_out(export_summary(export) + "\n")
     try:
-        serve_maker(maker, int(port), lambda url: print("pack maker: open %s in your browser (Ctrl-C stops it)"
-                                                        % url, flush=True))
+        serve_maker(maker, int(port), _announce)
     except KeyboardInterrupt:
-        print("pack maker stopped")
+        write_out("pack maker stopped\n")
     return 0
 
 
