@@ -4275,54 +4275,102 @@ SETTINGS = (
                        "always dates them."}),
 )
 REGISTRY_FORMATS = {"directory": "filepath", "file": "filepath", "string": "string", "number": "number"}
+MAX_REGISTRY_NAME = 200              # the 2025-12-11 schema's limit
+MAX_DIST_NAME = 200                  # a --pypi-name, so that the wheel's file name fits any file system
+BUNDLE_ENTRY = "server/verified_memory.py"
+MAX_SOURCE_BYTES = 16 << 20
+MAX_README_BYTES = 1 << 20
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)     # the earliest date a zip can hold: no clock in the archive
+ZIP_UNIX_FILE = 0o100644 << 16       # a regular file, -rw-r--r--, in a zip entry's external attributes
 # The icon: a white check mark on a teal disc, in units of the icon's side around its centre (y grows down).
-ICON_SIZE, ICON_DISC, ICON_STROKE = 256, 0.46, 0.058
+ICON_SIZE = 256
+ICON_DISC = 0.46                     # the disc's radius
+ICON_STROKE = 0.058                  # half the check mark's width
 ICON_CHECK = ((-0.2, 0.02), (-0.055, 0.165), (0.215, -0.145))
-ICON_PALETTE = bytes((255, 255, 255, 14, 107, 92, 255, 255, 255))       # 0 transparent (tRNS), 1 teal, 2 white
+ICON_PALETTE = bytes.fromhex("ffffff 0e6b5c ffffff")      # RGB of 0 (transparent by tRNS), 1 teal and 2 white
+ICON_FORMAT = bytes((2, 3, 0, 0, 0))     # IHDR after the size: bit depth 2, palette colour, no interlace
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+STORED_BLOCK = 0xFFFF                # the most a stored deflate block holds
+BUNDLE_COMPATIBILITY = {"platforms": ["darwin", "win32", "linux"], "runtimes": {"python": ">=3.9 <3.14"}}
+WHEEL_METADATA = ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nAuthor: %s\nLicense: MIT\n"
+                  "Keywords: %s\nClassifier: License :: OSI Approved :: MIT License\n"
+                  "Classifier: Programming Language :: Python :: 3\nClassifier: Operating System :: OS Independent\n"
+                  "Requires-Python: >=3.9\nDescription-Content-Type: text/markdown\n\n%s")
+WHEEL_FILE = "Wheel-Version: 1.0\nGenerator: verified_memory.py %s\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
 
 
 def _segment_distance2(u, v, a, b):
     """Squared distance from the point (u, v) to the segment a-b."""
-    du, dv = b[0] - a[0], b[1] - a[1]
-    t = max(0.0, min(1.0, ((u - a[0]) * du + (v - a[1]) * dv) / (du * du + dv * dv)))
-    return (u - a[0] - t * du) ** 2 + (v - a[1] - t * dv) ** 2
+    ax, ay = a
+    du = b[0] - ax
+    dv = b[1] - ay
+    projection = (u - ax) * du + (v - ay) * dv
+    length2 = du * du + dv * dv
+    t = max(0.0, min(1.0, projection / length2))     # the segment's point nearest (u, v), as a fraction of it
+    dx = u - ax - t * du
+    dy = v - ay - t * dv
+    return dx ** 2 + dy ** 2
 
 
 def _icon_pixel(x, y):
-    u, v = (x + 0.5) / ICON_SIZE - 0.5, (y + 0.5) / ICON_SIZE - 0.5
+    """The palette index of the icon's pixel (x, y): 0 outside the disc, 2 on the check mark, else 1."""
+    u = (x + 0.5) / ICON_SIZE - 0.5           # the pixel's centre
+    v = (y + 0.5) / ICON_SIZE - 0.5
     if u * u + v * v > ICON_DISC * ICON_DISC:
         return 0
-    near = min(_segment_distance2(u, v, ICON_CHECK[0], ICON_CHECK[1]),
-               _segment_distance2(u, v, ICON_CHECK[1], ICON_CHECK[2]))
-    return 2 if near < ICON_STROKE * ICON_STROKE else 1
+    first, corner, last = ICON_CHECK
+    near_first = _segment_distance2(u, v, first, corner)
+    near_last = _segment_distance2(u, v, corner, last)
+    if min(near_first, near_last) < ICON_STROKE * ICON_STROKE:
+        return 2
+    return 1
 
 
 def _stored_zlib(data):
     """A zlib stream of stored deflate blocks: unlike zlib.compress, the same bytes under every zlib build."""
     import zlib
     stream = bytearray(b"\x78\x01")                          # deflate, 32 KiB window; 0x7801 % 31 == 0
-    for at in range(0, len(data), 0xFFFF):
-        block = data[at:at + 0xFFFF]
-        stream.append(int(at + 0xFFFF >= len(data)))         # BFINAL on the last block, BTYPE 00: stored
-        stream += len(block).to_bytes(2, "little") + (0xFFFF ^ len(block)).to_bytes(2, "little") + block
-    return bytes(stream) + zlib.adler32(data).to_bytes(4, "big")
+    for at in range(0, len(data), STORED_BLOCK):
+        block = data[at:at + STORED_BLOCK]
+        final = at + STORED_BLOCK >= len(data)
+        stream.append(int(final))                            # BFINAL on the last block, BTYPE 00: stored
+        size = len(block)
+        stream += size.to_bytes(2, "little")                 # LEN, then NLEN: its ones' complement
+        stream += (size ^ 0xFFFF).to_bytes(2, "little")
+        stream += block
+    checksum = zlib.adler32(data)
+    return bytes(stream) + checksum.to_bytes(4, "big")
 
 
 def _png_chunk(kind, data):
-    return len(data).to_bytes(4, "big") + kind + data + binascii.crc32(kind + data).to_bytes(4, "big")
+    """One PNG chunk: length, kind, data and the CRC of kind and data."""
+    length = len(data).to_bytes(4, "big")
+    body = kind + data
+    crc = binascii.crc32(body).to_bytes(4, "big")
+    return length + body + crc
+
+
+def _icon_row(y):
+    """Row y of the icon as PNG scanline bytes: filter type 0, then four 2-bit pixels a byte."""
+    pixels = [_icon_pixel(x, y) for x in range(ICON_SIZE)]
+    row = bytearray([0])                                     # filter type 0: the row as it is
+    for x in range(0, ICON_SIZE, 4):
+        packed = 0
+        for pixel in pixels[x:x + 4]:                        # the first pixel in the highest bits
+            packed = packed << 2 | pixel
+        row.append(packed)
+    return row
 
 
 def draw_icon():
     """icon.png: a 2-bit palette PNG of ICON_SIZE square pixels, drawn here so the file needs no image file."""
-    rows = bytearray()
-    for y in range(ICON_SIZE):
-        pixels = [_icon_pixel(x, y) for x in range(ICON_SIZE)]
-        rows.append(0)                                       # filter type 0: the row as it is
-        rows += bytes(pixels[x] << 6 | pixels[x + 1] << 4 | pixels[x + 2] << 2 | pixels[x + 3]
-                      for x in range(0, ICON_SIZE, 4))
-    header = ICON_SIZE.to_bytes(4, "big") * 2 + bytes((2, 3, 0, 0, 0))   # bit depth 2, palette colour
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"PLTE", ICON_PALETTE)
-            + _png_chunk(b"tRNS", b"\x00") + _png_chunk(b"IDAT", _stored_zlib(bytes(rows))) + _png_chunk(b"IEND", b""))
+    rows = b"".join(_icon_row(y) for y in range(ICON_SIZE))
+    size = ICON_SIZE.to_bytes(4, "big")
+    header = size + size + ICON_FORMAT
+    image = _stored_zlib(rows)
+    chunks = ((b"IHDR", header), (b"PLTE", ICON_PALETTE), (b"tRNS", b"\x00"), (b"IDAT", image), (b"IEND", b""))
+    encoded = [_png_chunk(kind, data) for kind, data in chunks]
+    return PNG_SIGNATURE + b"".join(encoded)
 
 
 def zip_bytes(entries):
@@ -4332,48 +4380,62 @@ def zip_bytes(entries):
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for name, data in entries:
-            info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))
-            info.create_system, info.external_attr = 3, 0o100644 << 16     # Unix, -rw-r--r--, even on Windows
+            info = zipfile.ZipInfo(name, ZIP_DATE)
+            info.create_system = 3                           # Unix, even on Windows
+            info.external_attr = ZIP_UNIX_FILE
             archive.writestr(info, data)
     return buffer.getvalue()
 
 
 def bundle_manifest():
     """manifest.json of the Claude Desktop bundle (MCPB manifest 0.3), with the tools of TOOLS."""
-    args = ["${__dirname}/server/verified_memory.py"] + ["%s=${user_config.%s}" % (flag, key)
-                                                         for key, flag, _ in SETTINGS]
-    return {"manifest_version": "0.3", "name": SERVER_NAME, "display_name": "Verified Memory", "version": VERSION,
-            "description": SUMMARY, "long_description": LONG_DESCRIPTION, "author": {"name": AUTHOR},
-            "icon": "icon.png", "license": "MIT", "keywords": KEYWORDS, "privacy_policies": [],
-            "compatibility": {"platforms": ["darwin", "win32", "linux"], "runtimes": {"python": ">=3.9 <3.14"}},
-            "tools": [{"name": tool["name"], "description": tool["description"]} for tool in TOOLS],
-            "server": {"type": "python", "entry_point": "server/verified_memory.py", "mcp_config": {
-                "command": "python3", "args": args, "env": {"PYTHONIOENCODING": "utf-8"},
-                "platform_overrides": {"win32": {"command": "python"}}}},
-            "user_config": {key: row for key, _, row in SETTINGS}}
+    args = ["${__dirname}/" + BUNDLE_ENTRY]
+    for key, flag, _ in SETTINGS:
+        args.append("%s=${user_config.%s}" % (flag, key))
+    config = {"command": "python3", "args": args, "env": {"PYTHONIOENCODING": "utf-8"},
+              "platform_overrides": {"win32": {"command": "python"}}}
+    tools = []
+    for tool in TOOLS:
+        tools.append({"name": tool["name"], "description": tool["description"]})     # MCPB lists no schemas
+    user_config = {key: row for key, _, row in SETTINGS}
+    manifest = {"manifest_version": "0.3", "name": SERVER_NAME, "display_name": "Verified Memory",
+                "version": VERSION, "description": SUMMARY, "long_description": LONG_DESCRIPTION,
+                "author": {"name": AUTHOR}, "icon": "icon.png", "license": "MIT", "keywords": KEYWORDS,
+                "privacy_policies": [], "compatibility": BUNDLE_COMPATIBILITY, "tools": tools}
+    manifest["server"] = {"type": "python", "entry_point": BUNDLE_ENTRY, "mcp_config": config}
+    manifest["user_config"] = user_config
+    return manifest
+
+
+def _wheel_record_line(name, data):
+    """A wheel RECORD line: the entry's name, its urlsafe-base64 SHA-256 without padding, and its size."""
+    import base64
+    digest = hashlib.sha256(data).digest()
+    text = base64.urlsafe_b64encode(digest).decode()
+    return "%s,sha256=%s,%d\n" % (name, text.rstrip("="), len(data))
 
 
 def wheel_entries(source, readme, dist_name, registry_name):
     """-> (file name, [(name, bytes)]) of a py3-none-any wheel: this module, a console script, RECORD last."""
-    import base64
     stem = re.sub(r"[-_.]+", "_", dist_name).lower()
     info = "%s-%s.dist-info/" % (stem, VERSION)
-    metadata = ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nAuthor: %s\nLicense: MIT\n"
-                "Keywords: %s\nClassifier: License :: OSI Approved :: MIT License\n"
-                "Classifier: Programming Language :: Python :: 3\nClassifier: Operating System :: OS Independent\n"
-                "Requires-Python: >=3.9\nDescription-Content-Type: text/markdown\n\n%s"
-                % (dist_name, VERSION, SUMMARY, AUTHOR, ",".join(KEYWORDS), readme))
+    keywords = ",".join(KEYWORDS)
+    metadata = WHEEL_METADATA % (dist_name, VERSION, SUMMARY, AUTHOR, keywords, readme)
     if registry_name:                          # what the MCP Registry looks for in the PyPI description
         metadata += "\n<!-- mcp-name: %s -->\n" % registry_name
-    scripts = dict.fromkeys(("verified-memory", dist_name))   # `uvx NAME` runs the script called NAME
-    entries = [("verified_memory.py", source), (info + "METADATA", metadata.encode("utf-8")),
-               (info + "WHEEL", ("Wheel-Version: 1.0\nGenerator: verified_memory.py %s\nRoot-Is-Purelib: true\n"
-                                 "Tag: py3-none-any\n" % VERSION).encode()),
-               (info + "entry_points.txt", ("[console_scripts]\n" + "".join(
-                   "%s = verified_memory:main\n" % script for script in scripts)).encode())]
-    record = "".join("%s,sha256=%s,%d\n" % (name, base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-                                            .decode().rstrip("="), len(data)) for name, data in entries)
-    entries.append((info + "RECORD", (record + info + "RECORD,,\n").encode()))
+    entry_points = "[console_scripts]\n"
+    for script in dict.fromkeys(("verified-memory", dist_name)):      # `uvx NAME` runs the script called NAME
+        entry_points += "%s = verified_memory:main\n" % script
+    wheel = WHEEL_FILE % VERSION
+    entries = [("verified_memory.py", source)]
+    dist_info = (("METADATA", metadata), ("WHEEL", wheel), ("entry_points.txt", entry_points))
+    for name, text in dist_info:
+        entries.append((info + name, text.encode("utf-8")))
+    record = ""
+    for name, data in entries:
+        record += _wheel_record_line(name, data)
+    record += info + "RECORD,,\n"              # RECORD lists itself without a digest
+    entries.append((info + "RECORD", record.encode()))
     return "%s-%s-py3-none-any.whl" % (stem, VERSION), entries
 
 
@@ -4382,14 +4444,19 @@ def registry_arguments():
     clients may pass a named flag and its value as two arguments, and the server takes a boolean only after =."""
     arguments = []
     for key, flag, row in SETTINGS:
-        if row["type"] == "boolean":
+        kind = row["type"]
+        description = row["description"]
+        if kind == "boolean":
             choice = {"format": "boolean", "default": "false", "choices": ["true", "false"],
-                      "description": row["description"]}
-            arguments.append({"type": "positional", "valueHint": key, "value": "%s={%s}" % (flag, key),
-                              "description": row["description"], "variables": {key: choice}})
+                      "description": description}
+            value = "%s={%s}" % (flag, key)
+            argument = {"type": "positional", "valueHint": key, "value": value, "description": description,
+                        "variables": {key: choice}}
         else:
-            arguments.append({"type": "named", "name": flag, "format": REGISTRY_FORMATS[row["type"]],
-                              "description": row["description"], "isRequired": bool(row.get("required"))})
+            required = bool(row.get("required"))
+            argument = {"type": "named", "name": flag, "format": REGISTRY_FORMATS[kind], "description": description,
+                        "isRequired": required}
+        arguments.append(argument)
     return arguments
 
 
@@ -4401,51 +4468,84 @@ def server_json(registry_name, release_url, bundle_sha256, dist_name):
     repository = re.match(r"https://github\.com/[^/]+/[^/]+(?=/releases/download/)", release_url)
     if repository:
         server["repository"] = {"url": repository.group(), "source": "github"}
-    server["packages"] = [
-        {"registryType": "mcpb", "identifier": release_url, "version": VERSION, "fileSha256": bundle_sha256,
-         "transport": {"type": "stdio"}, "packageArguments": arguments},
-        {"registryType": "pypi", "registryBaseUrl": "https://pypi.org", "identifier": dist_name, "version": VERSION,
-         "runtimeHint": "uvx", "transport": {"type": "stdio"}, "packageArguments": arguments}]
+    bundle = {"registryType": "mcpb", "identifier": release_url, "version": VERSION, "fileSha256": bundle_sha256,
+              "transport": {"type": "stdio"}, "packageArguments": arguments}
+    pypi = {"registryType": "pypi", "registryBaseUrl": "https://pypi.org", "identifier": dist_name, "version": VERSION,
+            "runtimeHint": "uvx", "transport": {"type": "stdio"}, "packageArguments": arguments}
+    server["packages"] = [bundle, pypi]
     return server
+
+
+def _registry_flags(options, bundle_name):
+    """--registry-name and --release-url, checked -> (name, URL), or (None, None) when neither is given."""
+    registry_name = options.get("--registry-name")
+    release_url = options.get("--release-url")
+    if bool(registry_name) != bool(release_url):
+        raise UsageError("--registry-name and --release-url go together: server.json needs both")
+    if not registry_name:
+        return None, None
+    sized = 3 <= len(registry_name) <= MAX_REGISTRY_NAME
+    if not REGISTRY_NAME.fullmatch(registry_name) or not sized:
+        raise UsageError("--registry-name must be 3-200 characters like io.github.OWNER/verified-memory, "
+                         "matching ^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$; got %r" % registry_name)
+    url_pattern = r"https://[^/\s]+/(\S*/)?" + re.escape(bundle_name)
+    if not re.fullmatch(url_pattern, release_url):
+        example = "https://github.com/OWNER/REPO/releases/download/v%s/%s" % (VERSION, bundle_name)
+        raise UsageError("--release-url must be the https:// address the bundle is downloaded from, ending in /%s "
+                         "(like %s); got %r" % (bundle_name, example, release_url))
+    return registry_name, release_url
+
+
+def _dist_name(options):
+    """--pypi-name, checked: a Python package name short enough for the wheel's file name."""
+    dist_name = options.get("--pypi-name") or "verified-memory"
+    too_long = len(dist_name) > MAX_DIST_NAME
+    if too_long or not DIST_NAME.fullmatch(dist_name):
+        raise UsageError("--pypi-name must be a Python package name (letters, digits, . _ -) of at most %d "
+                         "characters, got %r" % (MAX_DIST_NAME, dist_name))
+    return dist_name
+
+
+def _checkout_files():
+    """This file's bytes and the README beside it; UsageError outside a checkout (the wheel needs the README)."""
+    here = os.path.realpath(__file__)
+    folder = os.path.dirname(here)
+    readme_path = os.path.join(folder, "README.md")
+    if not os.path.isfile(readme_path):
+        raise UsageError("dist runs in a checkout: it needs README.md beside %s for the wheel's description" % here)
+    source = _read_input(here, MAX_SOURCE_BYTES)
+    readme = _read_input(readme_path, MAX_README_BYTES)
+    return source, readme.decode("utf-8")
+
+
+def _publish_nothing_more(staging):
+    """Release files need no check beyond what made them."""
 
 
 def dist_command(options):
     """`dist`: the .mcpb bundle, the wheel and (with the registry flags) server.json, published like a pack."""
-    registry_name, release_url = options.get("--registry-name"), options.get("--release-url")
-    dist_name = options.get("--pypi-name") or "verified-memory"
     bundle_name = "verified-memory-%s.mcpb" % VERSION
-    if bool(registry_name) != bool(release_url):
-        raise UsageError("--registry-name and --release-url go together: server.json needs both")
-    if registry_name and not (REGISTRY_NAME.fullmatch(registry_name) and 3 <= len(registry_name) <= 200):
-        raise UsageError("--registry-name must be 3-200 characters like io.github.OWNER/verified-memory, "
-                         "matching ^[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+$; got %r" % registry_name)
-    if release_url and not re.fullmatch(r"https://[^/\s]+/(\S*/)?" + re.escape(bundle_name), release_url):
-        raise UsageError("--release-url must be the https:// address the bundle is downloaded from, ending in /%s "
-                         "(like https://github.com/OWNER/REPO/releases/download/v%s/%s); got %r"
-                         % (bundle_name, VERSION, bundle_name, release_url))
-    if not DIST_NAME.fullmatch(dist_name):
-        raise UsageError("--pypi-name must be a Python package name (letters, digits, . _ -), got %r" % dist_name)
-    here = os.path.realpath(__file__)
-    readme_path = os.path.join(os.path.dirname(here), "README.md")
-    if not os.path.isfile(readme_path):
-        raise UsageError("dist runs in a checkout: it needs README.md beside %s for the wheel's description" % here)
-    source = _read_input(here, 16 << 20)
-    readme = _read_input(readme_path, 1 << 20).decode("utf-8")
+    registry_name, release_url = _registry_flags(options, bundle_name)
+    dist_name = _dist_name(options)
+    source, readme = _checkout_files()
     wheel_name, entries = wheel_entries(source, readme, dist_name, registry_name)
-    files = {bundle_name: zip_bytes([("icon.png", draw_icon()), ("manifest.json", (json.dumps(
-                 bundle_manifest(), indent=2, ensure_ascii=False) + "\n").encode("utf-8")),
-                 ("server/verified_memory.py", source)]),
-             wheel_name: zip_bytes(entries)}
+    manifest = json.dumps(bundle_manifest(), indent=2, ensure_ascii=False) + "\n"
+    bundle_entries = [("icon.png", draw_icon()), ("manifest.json", manifest.encode("utf-8")), (BUNDLE_ENTRY, source)]
+    bundle = zip_bytes(bundle_entries)
+    files = {bundle_name: bundle, wheel_name: zip_bytes(entries)}
     if registry_name:
-        digest = hashlib.sha256(files[bundle_name]).hexdigest()
-        files["server.json"] = (json.dumps(server_json(registry_name, release_url, digest, dist_name), indent=2)
-                                + "\n").encode()
-    out = publish_pack(files, options["--out"], lambda staging: None)
+        digest = hashlib.sha256(bundle).hexdigest()
+        server = server_json(registry_name, release_url, digest, dist_name)
+        text = json.dumps(server, indent=2) + "\n"
+        files["server.json"] = text.encode()
+    out = publish_pack(files, options["--out"], _publish_nothing_more)
     for name in sorted(files):
-        print("%s  %d bytes  SHA-256 %s" % (os.path.join(out, name), len(files[name]),
-                                            hashlib.sha256(files[name]).hexdigest()))
+        data = files[name]
+        path = os.path.join(out, name)
+        sha256 = hashlib.sha256(data).hexdigest()
+        write_out("%s  %d bytes  SHA-256 %s\n" % (path, len(data), sha256))
     if not registry_name:
-        print("no server.json: give --registry-name and --release-url to write one for the MCP Registry")
+        write_out("no server.json: give --registry-name and --release-url to write one for the MCP Registry\n")
     return 0
 
 
