@@ -2170,6 +2170,256 @@ COMMAND_LIST = ("commands: serve, check, search, get, check-payee, build, sign, 
                 "help")
 
 
+class TestEveryInputGetsAnAnswer(TempDirCase):
+    """Every subcommand, given arguments that are not UTF-8, empty, very long or relative, answers with a clean
+    message and the exact exit status: 0 done, 1 refused or failed, 2 a command line that cannot be run as given.
+    Each runs in a process whose standard output is strict UTF-8, as on a desktop's UTF-8 locale."""
+
+    def setUp(self):
+        super().setUp()
+        self.env = dict(os.environ, PYTHONIOENCODING="utf-8:strict")
+        self.env.pop("SSH_AUTH_SOCK", None)
+        self.pack = self.copy_pack()
+        self.export = os.path.join(self.tmp, "export.zip")
+        write(self.export, chatgpt_zip())
+        self.messages = os.path.join(EXAMPLE_INPUT, "messages.jsonl")
+        self.records = os.path.join(EXAMPLE_INPUT, "records.jsonl")
+
+    def answer(self, args, status, stderr=None, stdout=None, starts=None):
+        """Run the program with `args` (str or bytes) in the temporary folder -> its stdout, once the exit status,
+        the absence of a traceback and, when given, stderr's last line (or its start) and all of stdout are as
+        expected."""
+        done = subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True, timeout=120, cwd=self.tmp,
+                              env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
+        err = done.stderr.decode("utf-8", "replace")
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(done.returncode, status, err[-2000:])
+        if stderr is not None:
+            self.assertEqual(err.splitlines()[-1], stderr)
+        if starts is not None:
+            self.assertTrue(err.splitlines()[-1].startswith(starts), err[-300:])
+        if stdout is not None:
+            self.assertEqual(done.stdout, stdout)
+        return done.stdout
+
+    def usage(self, args, message):
+        """A usage error: exit 2, nothing on stdout, and `message` with the pointer to --help on stderr."""
+        self.answer(args, 2, "verified-memory: %s (see --help)" % message, b"")
+
+    def build_args(self, out, *extra):
+        return ["build", "--messages", self.messages, "--records", self.records, "--out", out] + list(extra)
+
+    @unittest.skipUnless(POSIX_ARGUMENTS, "Windows passes arguments as UTF-16 text")
+    def test_text_that_is_not_utf8_is_refused_as_usage(self):
+        out = os.path.join(self.tmp, "out")
+        for args, message in (
+                (["search", "--pack", EXAMPLE, b"gar\xffden"], "QUERY must be UTF-8 text, got 'gar\\udcffden'"),
+                (["get", "--pack", EXAMPLE, b"M-\xff"], "RECORD_ID must be UTF-8 text, got 'M-\\udcff'"),
+                (["check-payee", "--pack", EXAMPLE, "--payee", b"Hollow Oak\xff", "--account", "DE89370400440532013000"],
+                 "--payee must be UTF-8 text, got 'Hollow Oak\\udcff'"),
+                (["check-payee", "--payee", "Hollow Oak", "--account", b"DE89\xff"],
+                 "--account must be UTF-8 text, got 'DE89\\udcff'"),
+                (["check", "--pack", EXAMPLE, "--min-sequence", b"\xff"], "--min-sequence must be UTF-8 text, got "
+                                                                          "'\\udcff'"),
+                (["serve", "--trusted-fingerprint", b"SHA256:\xff"], "--trusted-fingerprint must be UTF-8 text, got "
+                                                                     "'SHA256:\\udcff'"),
+                (self.build_args(out, "--title", b"Garden \xff"), "--title must be UTF-8 text, got 'Garden \\udcff'"),
+                (self.build_args(out, "--title", "T", "--description", b"\xfe\xff"),
+                 "--description must be UTF-8 text, got '\\udcfe\\udcff'"),
+                (["sign", "--pack", EXAMPLE, "--key", os.path.join(self.tmp, "k"), "--expires", b"90\xff", "--out", out],
+                 "--expires must be UTF-8 text, got '90\\udcff'"),
+                (["dist", "--out", out, "--pypi-name", b"vm\xff"], "--pypi-name must be UTF-8 text, got 'vm\\udcff'"),
+                (["maker", "--export", self.export, "--out", out, "--port", b"\xff"],
+                 "--port must be UTF-8 text, got '\\udcff'"),
+                ([b"\xff"], "unknown command '\\udcff' (%s)" % COMMAND_LIST),
+                (["help", b"\xff"], "help takes no positional arguments"),
+                (["check", b"--\xff"], "unknown flag --\\udcff for check")):
+            with self.subTest(args=args):
+                self.usage(args, message)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["export.zip", "pack"])       # nothing was written
+
+    @unittest.skipUnless(POSIX_ARGUMENTS, "Windows passes arguments as UTF-16 text")
+    def test_paths_that_are_not_utf8_are_used_and_printed_as_given(self):
+        odd = os.fsdecode(b"\xff")
+        pack = os.path.join(self.tmp, "pack " + odd)
+        shutil.copytree(EXAMPLE, pack)
+        raw = os.fsencode(pack)
+        report = self.answer(["check", "--pack", raw], 0)
+        self.assertIn(b'\n  "pack": "' + raw + b'",\n', report)        # the path's own bytes
+        self.answer(["search", "--pack", raw, "bees fence"], 0)
+        self.answer(["get", "--pack", raw, "M-garden-11"], 0)
+        self.answer(["check-payee", "--pack", raw, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                     "DE89370400440532013000"], 0)
+        self.answer(["serve", "--pack", raw], 0, stdout=b"")            # no client: stdin is empty
+        missing = os.path.join(self.tmp, "none " + odd)
+        self.answer(["check", "--pack", os.fsencode(missing)], 1, "verified-memory: refused: pack folder %s cannot "
+                    "be opened: No such file or directory" % shown(missing), b"")
+        built = os.path.join(self.tmp, "built " + odd)
+        printed = self.answer(self.build_args(os.fsencode(built), "--title", "T"), 0)
+        sums = hashlib.sha256(read(os.path.join(built, "SHA256SUMS"))).hexdigest()
+        serve = quoted_command([vm.PYTHON_COMMAND, SCRIPT, "--pack", built])       # quoted: a space, a \xff
+        expected = "built %s: 16 records, SHA256SUMS %s\nserve it with: %s\n" % (built, sums, serve)
+        self.assertEqual(printed, os.fsencode(expected))
+        self.answer(["check", "--pack", os.fsencode(built)], 0)
+        messages = os.path.join(self.tmp, "messages " + odd + ".jsonl")
+        shutil.copy(self.messages, messages)
+        self.usage(["build", "--messages", os.fsencode(messages), "--records", self.records, "--out",
+                    os.path.join(self.tmp, "new"), "--title", "T"],
+                   "the file name of --messages goes into the pack's README, so it must be UTF-8 text, got %r"
+                   % os.path.basename(messages))
+        imported = os.path.join(self.tmp, "imported " + odd)
+        export = os.path.join(self.tmp, "export " + odd + ".zip")
+        shutil.copy(self.export, export)
+        printed = self.answer(["import", "--export", os.fsencode(export), "--out", os.fsencode(imported)], 0)
+        self.assertTrue(printed.startswith(b"wrote " + os.fsencode(imported) + b" from a ChatGPT export: 4 "
+                                                                                 b"conversations"), printed)
+        shape = os.path.join(self.tmp, "shape " + odd + ".json")
+        write(shape, json_bytes(chatgpt_export()))
+        printed = self.answer(["export-shape", os.fsencode(shape)], 0)
+        self.assertTrue(printed.startswith(os.fsencode(shape) + b":\n  $[]: object x"), printed[:200])
+        dist = os.path.join(self.tmp, "dist " + odd)
+        printed = self.answer(["dist", "--out", os.fsencode(dist)], 0)
+        self.assertTrue(printed.startswith(os.fsencode(os.path.join(dist, BUNDLE)) + b"  "), printed[:200])
+        self.answer(["maker", "--export", self.export, "--out", raw], 1, "verified-memory: refused: %s already "
+                    "exists; --out must name something that does not exist yet" % shown(pack), b"")
+        if SSH_KEYGEN:
+            key = make_key(self.tmp, "key")
+            signed = os.path.join(self.tmp, "signed " + odd)
+            printed = self.answer(["sign", "--pack", raw, "--key", key, "--expires", "30d", "--out",
+                                   os.fsencode(signed)], 0)
+            self.assertTrue(printed.startswith(b"signed " + os.fsencode(signed) + b" (expires "), printed)
+
+    def test_empty_arguments(self):
+        out = os.path.join(self.tmp, "out")
+        for args, message in (
+                (["serve", "--pack", ""], "--pack is empty"),
+                (["check", "--pack="], "--pack is empty"),
+                (["search", "--pack", "${user_config.pack}", "bees"], "--pack is empty or an unexpanded "
+                                                                      "'${user_config.pack}'"),
+                (["check-payee", "--pack", EXAMPLE, "--payee", "", "--account", "1"], "--payee is empty"),
+                (self.build_args(out, "--title", ""), "--title is empty"),
+                (["build", "--messages", "", "--records", self.records, "--out", out, "--title", "T"],
+                 "--messages is empty"),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "", "--out", out], "--expires is empty"),
+                (["dist", "--out", ""], "--out is empty"),
+                (["import", "--export", "", "--out", out], "--export is empty"),
+                (["export-shape", ""], "FILE is empty"),
+                (["maker", "--export", self.export, "--out", ""], "--out is empty"),
+                (["help", ""], "help takes no positional arguments"),
+                ([""], "unknown command '' (%s)" % COMMAND_LIST)):
+            with self.subTest(args=args):
+                self.usage(args, message)
+        # an empty trust setting is off; an empty query or record ID is the tool's to refuse
+        self.answer(["check", "--pack", EXAMPLE, "--trusted-keys=", "--trusted-fingerprint", ""], 0)
+        self.answer(["search", "--pack", EXAMPLE, ""], 1, "verified-memory: argument 'query' must be 1 to 512 "
+                                                          "characters long", b"")
+        self.answer(["get", "--pack", EXAMPLE, ""], 1, stdout=b"")
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["export.zip", "pack"])
+
+    def test_very_long_arguments(self):
+        long_path = os.path.join(self.tmp, "a" * LONG)
+        for args in (["serve", "--pack", long_path], ["check", "--pack", long_path],
+                     ["search", "--pack", long_path, "bees"], ["import", "--export", long_path, "--out", "m"],
+                     ["export-shape", long_path], self.build_args(long_path, "--title", "T"),
+                     ["dist", "--out", long_path], ["maker", "--export", long_path, "--out", "p"],
+                     ["sign", "--pack", long_path, "--key", "k", "--expires", "1d", "--out", "s"]):
+            with self.subTest(command=args[0]):
+                self.answer(args, 1, stdout=b"")
+        write(os.path.join(self.tmp, "k.pub"), test_key(KEY_A)[3] + "\n")     # sign reads the public key first
+        for args, message in (
+                (["search", "--pack", EXAMPLE, "w" * LONG], "verified-memory: argument 'query' must be 1 to 512 "
+                                                            "characters long"),
+                (["get", "--pack", EXAMPLE, "M-" + "a" * LONG], "verified-memory: argument 'id' must match "),
+                (["check-payee", "--pack", EXAMPLE, "--payee", "n" * LONG, "--account", "1" * 100],
+                 "verified-memory: argument 'payee' must be 1 to 200 characters long"),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "9" * LONG, "--out", "s"],
+                 "verified-memory: refused: --expires must be a number of days like 90d or a UTC time: ")):
+            with self.subTest(command=args[0]):
+                self.answer(args, 1, stdout=b"", starts=message)
+        os.unlink(os.path.join(self.tmp, "k.pub"))
+        for args, message in (
+                (["dist", "--out", "d", "--pypi-name", "v" * LONG],
+                 "--pypi-name must be a Python package name (letters, digits, . _ -) of at most 200 characters, got "
+                 "%r" % ("v" * LONG)),
+                (["maker", "--export", self.export, "--out", "p", "--port", "9" * LONG],
+                 "--port must be a port number from 0 (any free port) to 65535"),
+                (["check", "--pack", EXAMPLE, "--min-sequence", "9" * LONG],
+                 "--min-sequence must be a whole number, 0 or more, got %r" % ("9" * LONG)),
+                (["help", "x" * LONG], "help takes no positional arguments")):
+            with self.subTest(command=args[0]):
+                self.usage(args, message)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["export.zip", "pack"])     # no staging folder left
+        title = "T" * LONG                                                          # a long title is a title
+        self.answer(self.build_args("long-title", "--title", title), 0)
+        self.assertTrue(read(os.path.join(self.tmp, "long-title", "MEMORY.md")).startswith(b"# " + title.encode()))
+
+    def test_relative_arguments(self):
+        here = os.path.realpath(self.tmp)         # what the child's working folder is, links resolved
+        shutil.copytree(EXAMPLE_INPUT, os.path.join(self.tmp, "input"))
+        write(os.path.join(self.tmp, "keys"), "")
+        for args in (["serve", "--pack", "pack"], ["check", "--pack", "pack"], ["search", "--pack", "pack", "bees"],
+                     ["get", "--pack", "pack", "M-garden-1"],
+                     ["check-payee", "--pack", "pack", "--payee", "A", "--account", "1"]):
+            with self.subTest(args=args):
+                self.usage(args, "--pack must be an absolute path, got 'pack'")
+        self.usage(["check", "--trusted-keys", "keys"], "--trusted-keys must be an absolute path, got 'keys'")
+        self.usage(["check", "--revoked-keys", "keys"], "--revoked-keys must be an absolute path, got 'keys'")
+        trailing = self.pack + os.sep
+        self.usage(["check", "--pack", trailing], "--pack must be a plain absolute path (no trailing slash, '.' or "
+                                                  "'..'), got %r" % trailing)
+        # dev-time commands take plain paths relative to the working folder, and print where things went
+        printed = self.answer(["build", "--messages", os.path.join("input", "messages.jsonl"), "--records",
+                               os.path.join("input", "records.jsonl"), "--out", "built", "--title", "T"], 0)
+        built = os.path.join(here, "built")
+        self.assertEqual(printed.decode().splitlines()[1],
+                         "serve it with: " + quoted_command([vm.PYTHON_COMMAND, SCRIPT, "--pack", built]))
+        self.answer(["check", "--pack", built], 0)
+        printed = self.answer(["import", "--export", "export.zip", "--out", "messages.jsonl"], 0)
+        self.assertTrue(printed.decode().startswith("wrote %s from a ChatGPT export"
+                                                    % os.path.join(here, "messages.jsonl")), printed)
+        self.assertTrue(self.answer(["export-shape", "export.zip"], 0).startswith(b"conversations.json  "))
+        printed = self.answer(["dist", "--out", "dist"], 0)
+        self.assertTrue(printed.decode().startswith(os.path.join(here, "dist", BUNDLE) + "  "), printed)
+        dotted = os.path.join("input", "..", "input", "records.jsonl")
+        for args, flag, value in (
+                (["build", "--messages", "input/messages.jsonl", "--records", dotted, "--out", "b2", "--title", "T"],
+                 "--records", dotted),
+                (["build", "--messages", "input/messages.jsonl", "--records", "input/records.jsonl", "--out",
+                  "b2" + os.sep, "--title", "T"], "--out", "b2" + os.sep),
+                (["sign", "--pack", "pack" + os.sep, "--key", "k", "--expires", "1d", "--out", "s"], "--pack",
+                 "pack" + os.sep),
+                (["dist", "--out", os.path.join(".", "d2")], "--out", os.path.join(".", "d2")),
+                (["import", "--export", os.path.join("..", "export.zip"), "--out", "m2"], "--export",
+                 os.path.join("..", "export.zip")),
+                (["export-shape", os.path.join(".", "export.zip")], "FILE", os.path.join(".", "export.zip")),
+                (["maker", "--export", "export.zip", "--out", os.path.join("x", "..", "p")], "--out",
+                 os.path.join("x", "..", "p"))):
+            with self.subTest(args=args):
+                self.usage(args, "%s must be a plain path (no trailing separator, '.' or '..'), got %r" % (flag, value))
+        self.assertEqual(self.answer(["help"], 0)[:7], b"Usage:\n")
+
+    @unittest.skipUnless(os.name != "nt", "needs a POSIX pseudo-terminal")
+    def test_the_terminal_hint_quotes_its_command(self):
+        import pty
+        pack = self.copy_pack("my pack")
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", pack], stdin=slave, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        os.close(slave)
+        try:
+            proc.stderr.readline()                         # the sandbox's line
+            line = proc.stderr.readline().decode()
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+            os.close(master)
+        command = quoted_command([vm.PYTHON_COMMAND, SCRIPT, "search", "--pack", pack, "QUERY"])
+        self.assertTrue(line.rstrip("\n").endswith("to search from a terminal run: " + command), line)
+        self.assertIn("'%s'" % pack, command)
+
+
 class TestPrintedCommands(unittest.TestCase):
     def test_quoting_follows_the_standard_library_for_each_shell(self):
         import shlex
