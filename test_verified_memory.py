@@ -2267,6 +2267,11 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                     os.path.join(self.tmp, "new"), "--title", "T"],
                    "the file name of --messages goes into the pack's README, so it must be UTF-8 text, got %r"
                    % os.path.basename(messages))
+        records = os.path.join(self.tmp, "records\n# Forged heading.jsonl")
+        shutil.copy(self.records, records)
+        self.usage(["build", "--messages", self.messages, "--records", records, "--out", os.path.join(self.tmp, "new"),
+                    "--title", "T"], "the file name of --records goes into the pack's README, so it must be one line, "
+                                     "got %r" % os.path.basename(records))
         imported = os.path.join(self.tmp, "imported " + odd)
         export = os.path.join(self.tmp, "export " + odd + ".zip")
         shutil.copy(self.export, export)
@@ -2397,6 +2402,14 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
             with self.subTest(args=args):
                 self.usage(args, "%s must be a plain path (no trailing separator, '.' or '..'), got %r" % (flag, value))
         self.assertEqual(self.answer(["help"], 0)[:7], b"Usage:\n")
+
+    def test_sign_asks_for_the_private_key_not_its_pub_file(self):
+        public = os.path.join(self.tmp, "key.pub")
+        write(public, test_key(KEY_A)[3] + "\n")
+        self.usage(["sign", "--pack", EXAMPLE, "--key", public, "--expires", "1d", "--out", "signed"],
+                   "--key names the private key, and its public key must be beside it as KEY.pub; give %s, not %s"
+                   % (public[:-4], public))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "signed")))
 
     @unittest.skipUnless(os.name != "nt", "needs a POSIX pseudo-terminal")
     def test_the_terminal_hint_quotes_its_command(self):
@@ -5714,6 +5727,20 @@ class TestImportCommand(TempDirCase):
         self.assertEqual(err.getvalue(), "verified-memory: refused: %s: is %d bytes; the limit is 1000\n"
                          % (export, len(FACT_CHATGPT.encode())))
 
+    def test_a_file_that_appears_meanwhile_is_left_alone(self):
+        export = os.path.join(self.tmp, "conversations.json")
+        write(export, FACT_CHATGPT)
+        out = os.path.join(self.tmp, "messages.jsonl")
+
+        def someone_else_first(path, data):          # another program creates --out after the check
+            write(path, "theirs\n")
+            raise FileExistsError(17, "File exists", path)
+        with mock.patch.object(vm, "_write_new", someone_else_first), \
+                contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(vm.main(["import", "--export", export, "--out", out]), 1)
+        self.assertIn("failed, nothing was written: [Errno 17] File exists", err.getvalue())
+        self.assertEqual(read(out), b"theirs\n")
+
     def test_a_failed_write_leaves_nothing(self):
         export = os.path.join(self.tmp, "conversations.json")
         write(export, FACT_CHATGPT)
@@ -5976,6 +6003,12 @@ class TestPackMakerApi(MakerCase):
         self.assertEqual(maker.api("check", {"pack": "relative/pack"}, status=400),
                          {"error": "--pack must be an absolute path, got 'relative/pack'"})
         self.assertEqual(sorted(os.listdir(self.tmp)), listing)      # the panel writes nothing
+
+    def test_an_empty_saved_selection_resumes_as_no_records(self):
+        saved = os.path.join(self.tmp, "records.jsonl")
+        write(saved, "\n")
+        maker = self.start(None, "--records", saved).login()
+        self.assertEqual(maker.api("state")["records"], [])
 
     def test_records_resume_a_saved_selection(self):
         saved = os.path.join(self.tmp, "records.jsonl")
