@@ -2215,8 +2215,8 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
         for args, message in (
                 (["search", "--pack", EXAMPLE, b"gar\xffden"], "QUERY must be UTF-8 text, got 'gar\\udcffden'"),
                 (["get", "--pack", EXAMPLE, b"M-\xff"], "RECORD_ID must be UTF-8 text, got 'M-\\udcff'"),
-                (["check-payee", "--pack", EXAMPLE, "--payee", b"Hollow Oak\xff", "--account", "DE89370400440532013000"],
-                 "--payee must be UTF-8 text, got 'Hollow Oak\\udcff'"),
+                (["check-payee", "--pack", EXAMPLE, "--payee", b"Hollow Oak\xff", "--account",
+                  "DE89370400440532013000"], "--payee must be UTF-8 text, got 'Hollow Oak\\udcff'"),
                 (["check-payee", "--payee", "Hollow Oak", "--account", b"DE89\xff"],
                  "--account must be UTF-8 text, got 'DE89\\udcff'"),
                 (["check", "--pack", EXAMPLE, "--min-sequence", b"\xff"], "--min-sequence must be UTF-8 text, got "
@@ -2226,8 +2226,8 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                 (self.build_args(out, "--title", b"Garden \xff"), "--title must be UTF-8 text, got 'Garden \\udcff'"),
                 (self.build_args(out, "--title", "T", "--description", b"\xfe\xff"),
                  "--description must be UTF-8 text, got '\\udcfe\\udcff'"),
-                (["sign", "--pack", EXAMPLE, "--key", os.path.join(self.tmp, "k"), "--expires", b"90\xff", "--out", out],
-                 "--expires must be UTF-8 text, got '90\\udcff'"),
+                (["sign", "--pack", EXAMPLE, "--key", os.path.join(self.tmp, "k"), "--expires", b"90\xff", "--out",
+                  out], "--expires must be UTF-8 text, got '90\\udcff'"),
                 (["dist", "--out", out, "--pypi-name", b"vm\xff"], "--pypi-name must be UTF-8 text, got 'vm\\udcff'"),
                 (["maker", "--export", self.export, "--out", out, "--port", b"\xff"],
                  "--port must be UTF-8 text, got '\\udcff'"),
@@ -5699,8 +5699,9 @@ class TestImportCommand(TempDirCase):
     def test_every_refusal_of_an_export_points_to_export_shape(self):
         whole = chatgpt_zip()
         not_json = json_bytes(chatgpt_export())[:-1]
-        for name, data, found in (("truncated.zip", whole[:len(whole) // 2], "is a damaged zip (File is not a zip file); "
-                                   "it may be truncated: download the export again"),
+        truncated = whole[:len(whole) // 2]
+        for name, data, found in (("truncated.zip", truncated, "is a damaged zip (File is not a zip file); it may be "
+                                   "truncated: download the export again"),
                                   ("conversations.json", not_json, "is not valid JSON: Expecting ',' delimiter"),
                                   ("user.json", b'{"email": "x"}', "the whole file is an object with keys email"),
                                   ("empty.json", b"[]", "has 0 conversations but no user or assistant text")):
