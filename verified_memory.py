@@ -2937,7 +2937,8 @@ def _json_type(value):
 
 def _counted(counter):
     """A Counter as text for export-shape: "name xCOUNT" in name order."""
-    return ", ".join("%s x%d" % item for item in sorted(counter.items()))
+    items = sorted(counter.items())
+    return ", ".join("%s x%d" % item for item in items)
 
 
 def _export_datetime(value):
@@ -3163,7 +3164,8 @@ def _claude_leaf(messages):
     for i, message in enumerate(messages):
         uuid = message.get("uuid")
         if uuid not in parents:
-            leaves.append((str(message.get("created_at")), i, uuid))
+            created = str(message.get("created_at"))
+            leaves.append((created, i, uuid))
     if not leaves:
         return None
     newest = max(leaves)
@@ -3275,17 +3277,15 @@ def _dated_texts(messages, date, assistant, skipped):
 def _read_conversation(conversation, kind):
     """One export conversation of vendor key `kind` -> ExportConversation."""
     skipped = Counter()
-    created = conversation.get("create_time") or conversation.get("created_at")
-    date = export_time(created)
+    created = export_time(conversation.get("create_time") or conversation.get("created_at"))
     messages = MESSAGE_READERS[kind](conversation, skipped)
-    texts = _dated_texts(messages, date, ASSISTANTS[kind], skipped)
-    if not date and texts:                    # sorted by creation time, else by its first message's
-        date = texts[0][0]
+    texts = _dated_texts(messages, created, ASSISTANTS[kind], skipped)
+    first_date = texts[0][0] if texts else ""     # sorted by creation time, else by its first message's
     conversation_id = conversation.get("id") or conversation.get("uuid") or ""
     updated = conversation.get("update_time") or conversation.get("updated_at")
-    title = conversation.get("title") or conversation.get("name") or ""
-    return ExportConversation(date or "", str(conversation_id), export_time(updated) or "",
-                              _clean_text(title) or "(untitled)", texts, skipped)
+    title = _clean_text(conversation.get("title") or conversation.get("name") or "") or "(untitled)"
+    updated_date = export_time(updated) or ""
+    return ExportConversation(created or first_date, str(conversation_id), updated_date, title, texts, skipped)
 
 
 def _conversation_entry(conversation, kind, number, document):
@@ -3485,9 +3485,9 @@ class PackMaker:
         cited = {}
         for number, (date, speaker, _) in self._cited(self.records):
             cited[number] = (date, speaker)
-        summary = export_summary(export)
-        return {"summary": summary, "assistant": export.vendor, "out": self.out, "conversations": conversations,
-                "records": self.records, "cited": cited}
+        state = {"summary": export_summary(export), "assistant": export.vendor, "out": self.out}
+        state.update(conversations=conversations, records=self.records, cited=cited)
+        return state
 
     def api_conversation(self, request):
         """One conversation's messages, as [number, date, speaker, text]."""
@@ -3528,7 +3528,8 @@ class PackMaker:
         lists.sort(key=len)                   # the shortest first: the intersection only shrinks from there
         found = set()
         if lists:
-            found = set(lists[0]).intersection(*lists[1:])
+            shortest, *others = lists
+            found = set(shortest).intersection(*others)
         newest = heapq.nlargest(MAX_SEARCH_RESULTS, found)
         results = [self._result(i, words[0]) for i in newest]
         return {"matched": len(found), "results": results}
@@ -3536,8 +3537,9 @@ class PackMaker:
     def _cited(self, records):
         """(number, message) for each message of this export that `records` quote."""
         messages = self.export.messages
-        numbers = [n for n in _quote_ids(records) if 0 < n <= len(messages)]
-        return [(n, messages[n - 1]) for n in sorted(numbers)]
+        count = len(messages)
+        numbers = sorted(n for n in _quote_ids(records) if 0 < n <= count)
+        return [(n, messages[n - 1]) for n in numbers]
 
     def api_records(self, request):
         """The page's records checked by the builder against the messages they quote -> records.jsonl text."""
@@ -4088,7 +4090,8 @@ def serve_maker(maker, port, announce):
             if not isinstance(answer, bytes):     # a --out that is not UTF-8 goes as a JSON escape: valid UTF-8
                 body = json.dumps(answer, ensure_ascii=False).encode("utf-8", "backslashreplace")
             self.send_response(status)
-            sized = (("Content-Type", content_type), ("Content-Length", str(len(body))))
+            length = str(len(body))
+            sized = (("Content-Type", content_type), ("Content-Length", length))
             for header in MAKER_HEADERS + headers + sized:
                 self.send_header(*header)
             self.end_headers()
@@ -4103,7 +4106,8 @@ def serve_maker(maker, port, announce):
 
         def do_GET(self):
             path, _, query = self.path.partition("?")
-            if path == "/" and gate.trade_token(self.headers.get("Host"), query):
+            host = self.headers.get("Host")
+            if path == "/" and gate.trade_token(host, query):
                 cookie = gate.cookie + "; HttpOnly; SameSite=Strict; Path=/"
                 self.reply(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
                 return
@@ -4174,7 +4178,8 @@ def export_shape_command(options, positional):
             write_out("%s  %d bytes\n" % (member, size))
         else:
             _, extension = os.path.splitext(member)
-            others[_label(extension[1:].lower())] += 1
+            kind = extension[1:].lower()
+            others[_label(kind)] += 1
     if others:
         write_out("other files by extension: %s\n" % _counted(others))
     for name, text in documents:
