@@ -2026,12 +2026,13 @@ class TestCommandLine(TempDirCase):
         self.assertFails(run("get", "--pack", EXAMPLE), 2, "get takes RECORD_ID")
 
     def test_absolute_paths_only(self):
-        self.assertFails(run("check", "--pack", "examples/pack", cwd=HERE), 1,
-                         "refused: --pack must be an absolute path, got 'examples/pack'")
-        self.assertFails(run("check", "--trusted-keys", "keys.txt"), 1,
+        # a path the server reads that breaks the path rule is a usage error (2), before anything is read
+        self.assertFails(run("check", "--pack", "examples/pack", cwd=HERE), 2,
+                         "verified-memory: --pack must be an absolute path, got 'examples/pack' (see --help)")
+        self.assertFails(run("check", "--trusted-keys", "keys.txt"), 2,
                          "--trusted-keys must be an absolute path, got 'keys.txt'")
         dotted = os.path.join(HERE, "examples", "..", "examples", "keys.txt")   # the host's key files as --pack
-        self.assertFails(run("check", "--revoked-keys", dotted), 1,
+        self.assertFails(run("check", "--revoked-keys", dotted), 2,
                          "--revoked-keys must be a plain absolute path (no trailing slash, '.' or '..'), got %r" % dotted)
 
     def test_flag_value_forms(self):
@@ -2148,6 +2149,327 @@ class TestCommandLine(TempDirCase):
             os.close(master)
         self.assertIn("waiting for an MCP client", line)
         self.assertIn("search --pack %s QUERY" % EXAMPLE, line)
+
+
+def quoted_command(words):
+    """A command line as a user pastes it, quoted by the standard library's own rules for this OS's shell."""
+    if os.name == "nt":
+        return subprocess.list2cmdline(words)
+    import shlex
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def shown(text):
+    """How Python's stderr shows text that holds a path that was not UTF-8: the lone surrogate as an escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+POSIX_ARGUMENTS = os.name != "nt"       # POSIX passes arguments as bytes, so any byte but NUL can arrive
+LONG = 100000 if POSIX_ARGUMENTS else 10000     # a Windows command line holds at most 32,767 characters
+COMMAND_LIST = ("commands: serve, check, search, get, check-payee, build, sign, dist, import, export-shape, maker, "
+                "help")
+
+
+class TestEveryInputGetsAnAnswer(TempDirCase):
+    """Every subcommand, given arguments that are not UTF-8, empty, very long or relative, answers with a clean
+    message and the exact exit status: 0 done, 1 refused or failed, 2 a command line that cannot be run as given.
+    Each runs in a process whose standard output is strict UTF-8, as on a desktop's UTF-8 locale."""
+
+    def setUp(self):
+        super().setUp()
+        self.env = dict(os.environ, PYTHONIOENCODING="utf-8:strict")
+        self.env.pop("SSH_AUTH_SOCK", None)
+        self.pack = self.copy_pack()
+        self.export = os.path.join(self.tmp, "export.zip")
+        write(self.export, chatgpt_zip())
+        self.messages = os.path.join(EXAMPLE_INPUT, "messages.jsonl")
+        self.records = os.path.join(EXAMPLE_INPUT, "records.jsonl")
+
+    def answer(self, args, status, stderr=None, stdout=None, starts=None):
+        """Run the program with `args` (str or bytes) in the temporary folder -> its stdout, once the exit status,
+        the absence of a traceback and, when given, stderr's last line (or its start) and all of stdout are as
+        expected."""
+        done = subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True, timeout=120, cwd=self.tmp,
+                              env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
+        err = done.stderr.decode("utf-8", "replace")
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(done.returncode, status, err[-2000:])
+        if stderr is not None:
+            self.assertEqual(err.splitlines()[-1], stderr)
+        if starts is not None:
+            self.assertTrue(err.splitlines()[-1].startswith(starts), err[-300:])
+        if stdout is not None:
+            self.assertEqual(done.stdout, stdout)
+        return done.stdout
+
+    def usage(self, args, message):
+        """A usage error: exit 2, nothing on stdout, and `message` with the pointer to --help on stderr."""
+        self.answer(args, 2, "verified-memory: %s (see --help)" % message, b"")
+
+    def build_args(self, out, *extra):
+        return ["build", "--messages", self.messages, "--records", self.records, "--out", out] + list(extra)
+
+    @unittest.skipUnless(POSIX_ARGUMENTS, "Windows passes arguments as UTF-16 text")
+    def test_text_that_is_not_utf8_is_refused_as_usage(self):
+        out = os.path.join(self.tmp, "out")
+        for args, message in (
+                (["search", "--pack", EXAMPLE, b"gar\xffden"], "QUERY must be UTF-8 text, got 'gar\\udcffden'"),
+                (["get", "--pack", EXAMPLE, b"M-\xff"], "RECORD_ID must be UTF-8 text, got 'M-\\udcff'"),
+                (["check-payee", "--pack", EXAMPLE, "--payee", b"Hollow Oak\xff", "--account",
+                  "DE89370400440532013000"], "--payee must be UTF-8 text, got 'Hollow Oak\\udcff'"),
+                (["check-payee", "--payee", "Hollow Oak", "--account", b"DE89\xff"],
+                 "--account must be UTF-8 text, got 'DE89\\udcff'"),
+                (["check", "--pack", EXAMPLE, "--min-sequence", b"\xff"], "--min-sequence must be UTF-8 text, got "
+                                                                          "'\\udcff'"),
+                (["serve", "--trusted-fingerprint", b"SHA256:\xff"], "--trusted-fingerprint must be UTF-8 text, got "
+                                                                     "'SHA256:\\udcff'"),
+                (self.build_args(out, "--title", b"Garden \xff"), "--title must be UTF-8 text, got 'Garden \\udcff'"),
+                (self.build_args(out, "--title", "T", "--description", b"\xfe\xff"),
+                 "--description must be UTF-8 text, got '\\udcfe\\udcff'"),
+                (["sign", "--pack", EXAMPLE, "--key", os.path.join(self.tmp, "k"), "--expires", b"90\xff", "--out",
+                  out], "--expires must be UTF-8 text, got '90\\udcff'"),
+                (["dist", "--out", out, "--pypi-name", b"vm\xff"], "--pypi-name must be UTF-8 text, got 'vm\\udcff'"),
+                (["maker", "--export", self.export, "--out", out, "--port", b"\xff"],
+                 "--port must be UTF-8 text, got '\\udcff'"),
+                ([b"\xff"], "unknown command '\\udcff' (%s)" % COMMAND_LIST),
+                (["help", b"\xff"], "help takes no positional arguments"),
+                (["check", b"--\xff"], "unknown flag --\\udcff for check")):
+            with self.subTest(args=args):
+                self.usage(args, message)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["export.zip", "pack"])       # nothing was written
+
+    @unittest.skipUnless(POSIX_ARGUMENTS, "Windows passes arguments as UTF-16 text")
+    def test_paths_that_are_not_utf8_are_used_and_printed_as_given(self):
+        odd = os.fsdecode(b"\xff")
+        pack = os.path.join(self.tmp, "pack " + odd)
+        shutil.copytree(EXAMPLE, pack)
+        raw = os.fsencode(pack)
+        report = self.answer(["check", "--pack", raw], 0)
+        self.assertIn(b'\n  "pack": "' + raw + b'",\n', report)        # the path's own bytes
+        self.answer(["search", "--pack", raw, "bees fence"], 0)
+        self.answer(["get", "--pack", raw, "M-garden-11"], 0)
+        self.answer(["check-payee", "--pack", raw, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                     "DE89370400440532013000"], 0)
+        self.answer(["serve", "--pack", raw], 0, stdout=b"")            # no client: stdin is empty
+        missing = os.path.join(self.tmp, "none " + odd)
+        self.answer(["check", "--pack", os.fsencode(missing)], 1, "verified-memory: refused: pack folder %s cannot "
+                    "be opened: No such file or directory" % shown(missing), b"")
+        built = os.path.join(self.tmp, "built " + odd)
+        printed = self.answer(self.build_args(os.fsencode(built), "--title", "T"), 0)
+        sums = hashlib.sha256(read(os.path.join(built, "SHA256SUMS"))).hexdigest()
+        serve = quoted_command([vm.PYTHON_COMMAND, SCRIPT, "--pack", built])       # quoted: a space, a \xff
+        expected = "built %s: 16 records, SHA256SUMS %s\nserve it with: %s\n" % (built, sums, serve)
+        self.assertEqual(printed, os.fsencode(expected))
+        self.answer(["check", "--pack", os.fsencode(built)], 0)
+        messages = os.path.join(self.tmp, "messages " + odd + ".jsonl")
+        shutil.copy(self.messages, messages)
+        self.usage(["build", "--messages", os.fsencode(messages), "--records", self.records, "--out",
+                    os.path.join(self.tmp, "new"), "--title", "T"],
+                   "the file name of --messages goes into the pack's README, so it must be UTF-8 text, got %r"
+                   % os.path.basename(messages))
+        records = os.path.join(self.tmp, "records\n# Forged heading.jsonl")
+        shutil.copy(self.records, records)
+        self.usage(["build", "--messages", self.messages, "--records", records, "--out", os.path.join(self.tmp, "new"),
+                    "--title", "T"], "the file name of --records goes into the pack's README, so it must be one line, "
+                                     "got %r" % os.path.basename(records))
+        imported = os.path.join(self.tmp, "imported " + odd)
+        export = os.path.join(self.tmp, "export " + odd + ".zip")
+        shutil.copy(self.export, export)
+        printed = self.answer(["import", "--export", os.fsencode(export), "--out", os.fsencode(imported)], 0)
+        self.assertTrue(printed.startswith(b"wrote " + os.fsencode(imported) + b" from a ChatGPT export: 4 "
+                                                                                 b"conversations"), printed)
+        shape = os.path.join(self.tmp, "shape " + odd + ".json")
+        write(shape, json_bytes(chatgpt_export()))
+        printed = self.answer(["export-shape", os.fsencode(shape)], 0)
+        self.assertTrue(printed.startswith(os.fsencode(shape) + b":\n  $[]: object x"), printed[:200])
+        dist = os.path.join(self.tmp, "dist " + odd)
+        printed = self.answer(["dist", "--out", os.fsencode(dist)], 0)
+        self.assertTrue(printed.startswith(os.fsencode(os.path.join(dist, BUNDLE)) + b"  "), printed[:200])
+        self.answer(["maker", "--export", self.export, "--out", raw], 1, "verified-memory: refused: %s already "
+                    "exists; --out must name something that does not exist yet" % shown(pack), b"")
+        if SSH_KEYGEN:
+            key = make_key(self.tmp, "key")
+            signed = os.path.join(self.tmp, "signed " + odd)
+            printed = self.answer(["sign", "--pack", raw, "--key", key, "--expires", "30d", "--out",
+                                   os.fsencode(signed)], 0)
+            self.assertTrue(printed.startswith(b"signed " + os.fsencode(signed) + b" (expires "), printed)
+
+    def test_empty_arguments(self):
+        out = os.path.join(self.tmp, "out")
+        for args, message in (
+                (["serve", "--pack", ""], "--pack is empty"),
+                (["check", "--pack="], "--pack is empty"),
+                (["search", "--pack", "${user_config.pack}", "bees"], "--pack is empty or an unexpanded "
+                                                                      "'${user_config.pack}'"),
+                (["check-payee", "--pack", EXAMPLE, "--payee", "", "--account", "1"], "--payee is empty"),
+                (self.build_args(out, "--title", ""), "--title is empty"),
+                (["build", "--messages", "", "--records", self.records, "--out", out, "--title", "T"],
+                 "--messages is empty"),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "", "--out", out], "--expires is empty"),
+                (["dist", "--out", ""], "--out is empty"),
+                (["import", "--export", "", "--out", out], "--export is empty"),
+                (["export-shape", ""], "FILE is empty"),
+                (["maker", "--export", self.export, "--out", ""], "--out is empty"),
+                (["help", ""], "help takes no positional arguments"),
+                ([""], "unknown command '' (%s)" % COMMAND_LIST)):
+            with self.subTest(args=args):
+                self.usage(args, message)
+        # an empty trust setting is off; an empty query or record ID is the tool's to refuse
+        self.answer(["check", "--pack", EXAMPLE, "--trusted-keys=", "--trusted-fingerprint", ""], 0)
+        self.answer(["search", "--pack", EXAMPLE, ""], 1, "verified-memory: argument 'query' must be 1 to 512 "
+                                                          "characters long", b"")
+        self.answer(["get", "--pack", EXAMPLE, ""], 1, stdout=b"")
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["export.zip", "pack"])
+
+    def test_very_long_arguments(self):
+        long_path = os.path.join(self.tmp, "a" * LONG)
+        for args in (["serve", "--pack", long_path], ["check", "--pack", long_path],
+                     ["search", "--pack", long_path, "bees"], ["import", "--export", long_path, "--out", "m"],
+                     ["export-shape", long_path], self.build_args(long_path, "--title", "T"),
+                     ["dist", "--out", long_path], ["maker", "--export", long_path, "--out", "p"],
+                     ["sign", "--pack", long_path, "--key", "k", "--expires", "1d", "--out", "s"]):
+            with self.subTest(command=args[0]):
+                self.answer(args, 1, stdout=b"")
+        write(os.path.join(self.tmp, "k.pub"), test_key(KEY_A)[3] + "\n")     # sign reads the public key first
+        for args, message in (
+                (["search", "--pack", EXAMPLE, "w" * LONG], "verified-memory: argument 'query' must be 1 to 512 "
+                                                            "characters long"),
+                (["get", "--pack", EXAMPLE, "M-" + "a" * LONG], "verified-memory: argument 'id' must match "),
+                (["check-payee", "--pack", EXAMPLE, "--payee", "n" * LONG, "--account", "1" * 100],
+                 "verified-memory: argument 'payee' must be 1 to 200 characters long"),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "9" * LONG, "--out", "s"],
+                 "verified-memory: refused: --expires must be a number of days like 90d or a UTC time: ")):
+            with self.subTest(command=args[0]):
+                self.answer(args, 1, stdout=b"", starts=message)
+        os.unlink(os.path.join(self.tmp, "k.pub"))
+        for args, message in (
+                (["dist", "--out", "d", "--pypi-name", "v" * LONG],
+                 "--pypi-name must be a Python package name (letters, digits, . _ -) of at most 200 characters, got "
+                 "%r" % ("v" * LONG)),
+                (["maker", "--export", self.export, "--out", "p", "--port", "9" * LONG],
+                 "--port must be a port number from 0 (any free port) to 65535"),
+                (["check", "--pack", EXAMPLE, "--min-sequence", "9" * LONG],
+                 "--min-sequence must be a whole number, 0 or more, got %r" % ("9" * LONG)),
+                (["help", "x" * LONG], "help takes no positional arguments")):
+            with self.subTest(command=args[0]):
+                self.usage(args, message)
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["export.zip", "pack"])     # no staging folder left
+        title = "T" * LONG                                                          # a long title is a title
+        self.answer(self.build_args("long-title", "--title", title), 0)
+        self.assertTrue(read(os.path.join(self.tmp, "long-title", "MEMORY.md")).startswith(b"# " + title.encode()))
+
+    def test_relative_arguments(self):
+        here = os.path.realpath(self.tmp)         # what the child's working folder is, links resolved
+        shutil.copytree(EXAMPLE_INPUT, os.path.join(self.tmp, "input"))
+        write(os.path.join(self.tmp, "keys"), "")
+        for args in (["serve", "--pack", "pack"], ["check", "--pack", "pack"], ["search", "--pack", "pack", "bees"],
+                     ["get", "--pack", "pack", "M-garden-1"],
+                     ["check-payee", "--pack", "pack", "--payee", "A", "--account", "1"]):
+            with self.subTest(args=args):
+                self.usage(args, "--pack must be an absolute path, got 'pack'")
+        self.usage(["check", "--trusted-keys", "keys"], "--trusted-keys must be an absolute path, got 'keys'")
+        self.usage(["check", "--revoked-keys", "keys"], "--revoked-keys must be an absolute path, got 'keys'")
+        trailing = self.pack + os.sep
+        self.usage(["check", "--pack", trailing], "--pack must be a plain absolute path (no trailing slash, '.' or "
+                                                  "'..'), got %r" % trailing)
+        # dev-time commands take plain paths relative to the working folder, and print where things went
+        printed = self.answer(["build", "--messages", os.path.join("input", "messages.jsonl"), "--records",
+                               os.path.join("input", "records.jsonl"), "--out", "built", "--title", "T"], 0)
+        built = os.path.join(here, "built")
+        self.assertEqual(printed.decode().splitlines()[1],
+                         "serve it with: " + quoted_command([vm.PYTHON_COMMAND, SCRIPT, "--pack", built]))
+        self.answer(["check", "--pack", built], 0)
+        printed = self.answer(["import", "--export", "export.zip", "--out", "messages.jsonl"], 0)
+        self.assertTrue(printed.decode().startswith("wrote %s from a ChatGPT export"
+                                                    % os.path.join(here, "messages.jsonl")), printed)
+        self.assertTrue(self.answer(["export-shape", "export.zip"], 0).startswith(b"conversations.json  "))
+        printed = self.answer(["dist", "--out", "dist"], 0)
+        self.assertTrue(printed.decode().startswith(os.path.join(here, "dist", BUNDLE) + "  "), printed)
+        dotted = os.path.join("input", "..", "input", "records.jsonl")
+        for args, flag, value in (
+                (["build", "--messages", "input/messages.jsonl", "--records", dotted, "--out", "b2", "--title", "T"],
+                 "--records", dotted),
+                (["build", "--messages", "input/messages.jsonl", "--records", "input/records.jsonl", "--out",
+                  "b2" + os.sep, "--title", "T"], "--out", "b2" + os.sep),
+                (["sign", "--pack", "pack" + os.sep, "--key", "k", "--expires", "1d", "--out", "s"], "--pack",
+                 "pack" + os.sep),
+                (["dist", "--out", os.path.join(".", "d2")], "--out", os.path.join(".", "d2")),
+                (["import", "--export", os.path.join("..", "export.zip"), "--out", "m2"], "--export",
+                 os.path.join("..", "export.zip")),
+                (["export-shape", os.path.join(".", "export.zip")], "FILE", os.path.join(".", "export.zip")),
+                (["maker", "--export", "export.zip", "--out", os.path.join("x", "..", "p")], "--out",
+                 os.path.join("x", "..", "p"))):
+            with self.subTest(args=args):
+                self.usage(args, "%s must be a plain path (no trailing separator, '.' or '..'), got %r" % (flag, value))
+        self.assertEqual(self.answer(["help"], 0)[:7], b"Usage:\n")
+
+    def test_sign_asks_for_the_private_key_not_its_pub_file(self):
+        public = os.path.join(self.tmp, "key.pub")
+        write(public, test_key(KEY_A)[3] + "\n")
+        self.usage(["sign", "--pack", EXAMPLE, "--key", public, "--expires", "1d", "--out", "signed"],
+                   "--key names the private key, and its public key must be beside it as KEY.pub; give %s, not %s"
+                   % (public[:-4], public))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "signed")))
+
+    @unittest.skipUnless(os.name != "nt", "needs a POSIX pseudo-terminal")
+    def test_the_terminal_hint_quotes_its_command(self):
+        import pty
+        pack = self.copy_pack("my pack")
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", pack], stdin=slave, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        os.close(slave)
+        try:
+            proc.stderr.readline()                         # the sandbox's line
+            line = proc.stderr.readline().decode()
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+            os.close(master)
+        command = quoted_command([vm.PYTHON_COMMAND, SCRIPT, "search", "--pack", pack, "QUERY"])
+        self.assertTrue(line.rstrip("\n").endswith("to search from a terminal run: " + command), line)
+        self.assertIn("'%s'" % pack, command)
+
+
+class TestPrintedCommands(unittest.TestCase):
+    def test_quoting_follows_the_standard_library_for_each_shell(self):
+        import shlex
+        rng = random.Random(26)
+        alphabet = " \t\\\"'$&|;<>()*?~`!#%a/\u00e9\n"
+        for _ in range(5000):
+            words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7))) for _ in range(rng.randint(1, 4))]
+            self.assertEqual(vm.command_line(words, windows=True), subprocess.list2cmdline(words), words)
+            posix = vm.command_line(words, windows=False)
+            self.assertEqual(posix, " ".join(shlex.quote(word) for word in words), words)
+            self.assertEqual(shlex.split(posix), words)
+        self.assertEqual(vm.command_line(["python", "C:\\My Packs\\garden\\", 'say "hi"', "", "a\\\\b"], windows=True),
+                         'python "C:\\My Packs\\garden\\\\" "say \\"hi\\"" "" a\\\\b')
+        self.assertEqual(vm.command_line(["python3", "/abs/my pack", "it's", "plain"], windows=False),
+                         "python3 '/abs/my pack' 'it'\"'\"'s' plain")
+
+    @unittest.skipUnless(POSIX_ARGUMENTS, "a POSIX path can hold bytes that are not UTF-8")
+    def test_output_is_utf8_and_keeps_the_bytes_of_a_path(self):
+        buffer = io.BytesIO()
+        console = io.TextIOWrapper(buffer, encoding="cp1252", errors="strict", newline="\r\n")   # a Windows console
+        path = os.fsdecode(b"/packs/garden \xff")
+        with contextlib.redirect_stdout(console):
+            vm.write_out("built %s \u2713\n" % path)
+        self.assertEqual(buffer.getvalue(), b"built /packs/garden \xff \xe2\x9c\x93\n")
+
+    def test_parse_args_checks_each_argument_for_its_kind(self):
+        _, options, positional = vm.parse_args(["export-shape", "export.zip"])
+        self.assertEqual(positional, [os.path.join(os.getcwd(), "export.zip")])
+        _, options, _ = vm.parse_args(["import", "--export", "e.zip", "--out", EXAMPLE + "-messages"])
+        self.assertEqual(options, {"--export": os.path.join(os.getcwd(), "e.zip"), "--out": EXAMPLE + "-messages"})
+        for argv, message in ((["search", "--pack", EXAMPLE, "\udcff"], "QUERY must be UTF-8 text, got '\\udcff'"),
+                              (["check", "--pack", "rel"], "--pack must be an absolute path, got 'rel'"),
+                              (["dist", "--out", "a/../b"], "--out must be a plain path (no trailing separator, '.' or "
+                                                            "'..'), got 'a/../b'")):
+            with self.assertRaises(vm.UsageError) as caught:
+                vm.parse_args(argv)
+            self.assertEqual(str(caught.exception), message)
 
 
 # ---------------------------------------------------------------------------
@@ -3914,9 +4236,13 @@ class TestBuilderRules(unittest.TestCase):
         self.assertNotIn("\n## M-garden-7", memory)
 
     def test_title_and_record_limit(self):
-        with self.assertRaises(vm.PackError) as caught:
-            build_files(self.MESSAGES, [quote_record("M-1", 1, "gate")], title="two\nlines")
-        self.assertEqual(str(caught.exception), "--title must be one non-empty line")
+        # a line break of any kind would start a new Markdown line in MEMORY.md and README.md
+        for title in ("two\nlines", "two\rlines", "two\u2028lines", "two\x85lines", "line\n", " ", ""):
+            with self.subTest(title=title), self.assertRaises(vm.PackError) as caught:
+                build_files(self.MESSAGES, [quote_record("M-1", 1, "gate")], title=title)
+            self.assertEqual(str(caught.exception), "--title must be one non-empty line")
+        memory = build_files(self.MESSAGES, [quote_record("M-1", 1, "gate")], title="Tab\there")["MEMORY.md"]
+        self.assertTrue(memory.startswith(b"# Tab\there\n"))
         many = [quote_record("M-%d" % i, 1, "gate") for i in range(10001)]
         with self.assertRaises(vm.PackError) as caught:
             build_files(self.MESSAGES, many)
@@ -5282,6 +5608,10 @@ def read_lines(path):
     return [json.loads(line) for line in read(path).decode().splitlines()]
 
 
+# every refusal of an export's content ends by pointing to export-shape
+SHAPE_HINT = "; run export-shape on it to see its structure (never its text) and include what it prints in a bug report"
+
+
 class TestExportReaders(TempDirCase):
     def messages(self, data, name="conversations.json"):
         export = vm.read_export(data, name)
@@ -5290,7 +5620,7 @@ class TestExportReaders(TempDirCase):
     def refuse(self, data, message, name="export.json"):
         with self.assertRaises(vm.PackError) as caught:
             vm.read_export(data, name)
-        self.assertEqual(str(caught.exception), message)
+        self.assertEqual(str(caught.exception), message + SHAPE_HINT)
 
     def test_the_fact_sheet_examples_give_the_expected_messages(self):
         self.assertEqual(self.messages(FACT_CHATGPT.encode()), FACT_CHATGPT_MESSAGES)
@@ -5369,6 +5699,22 @@ class TestExportReaders(TempDirCase):
             with self.subTest(bad=bad):
                 self.assertIsNone(vm.export_time(bad))
 
+    def test_a_message_without_a_time_takes_the_one_before_it(self):
+        nodes = {"r": gpt_node(None, ["u"]), "u": gpt_node("r", ["a"], "user", ["Morning."], 1717236000.0),
+                 "a": gpt_node("u", ["b"], "assistant", ["Hello."], 1717239600.0),
+                 "b": gpt_node("a", [], "assistant", ["Still here."], None)}
+        dated = vm.read_export(json_bytes([gpt_conversation("c", "Times", 1717000000.0, nodes, "b")]), "t.json")
+        self.assertEqual([date for date, _, _ in dated.messages], ["2024-06-01T10:00:00Z", "2024-06-01T11:00:00Z",
+                                                                   "2024-06-01T11:00:00Z"])
+        nodes["u"]["message"]["create_time"] = None            # the first takes the conversation's own time
+        undated = vm.read_export(json_bytes([gpt_conversation("c", "Times", 1717000000.0, nodes, "b")]), "t.json")
+        self.assertEqual(undated.messages[0][0], "2024-05-29T16:26:40Z")
+        nodes["u"]["message"]["create_time"] = "soon"
+        none = vm.read_export(json_bytes([gpt_conversation("c", "Times", None, nodes, "b")]), "t.json")
+        self.assertEqual(([date for date, _, _ in none.messages], none.skipped["undated"]),
+                         (["2024-06-01T11:00:00Z", "2024-06-01T11:00:00Z"], 1))
+        self.assertEqual(none.conversations, [("Times", "2024-06-01T11:00:00Z", 0, 2)])
+
     def test_deep_trees_are_walked_without_recursion(self):
         nodes, parent = {"root": gpt_node(None, ["m0"])}, "root"
         for i in range(5000):
@@ -5395,8 +5741,7 @@ class TestExportReaders(TempDirCase):
         self.refuse(b'[{"title": "\xff"}]', "export.json: is not UTF-8 (byte 13)")
 
     def test_damaged_and_unknown_exports_are_refused_saying_what_was_found(self):
-        suggestion = ("; expected an array of ChatGPT (mapping) or Claude (chat_messages) conversations from one "
-                      "export. Run export-shape on it and include what it prints in a bug report")
+        suggestion = "; expected an array of ChatGPT (mapping) or Claude (chat_messages) conversations from one export"
         self.refuse(b'[{"mapping": {}} {"mapping": {}}]',
                     "export.json: is not valid JSON: Expecting ',' delimiter at line 1 column 18 (character 18)")
         self.refuse(b'[{"mapping": {}},]', "export.json: is not valid JSON: Expecting value at line 1 column 18 "
@@ -5416,20 +5761,18 @@ class TestExportReaders(TempDirCase):
                     "export.json: entry 3 is an object with keys account, chat_messages, created_at, name, updated_at,"
                     " uuid" + suggestion)
         self.refuse(b'[{"mapping": []}]', "export.json: entry 1 is not shaped like a ChatGPT conversation "
-                    "(AttributeError: 'list' object has no attribute 'items'); run export-shape on it and include "
-                    "what it prints in a bug report")
+                    "(AttributeError: 'list' object has no attribute 'items')")
         self.refuse(b'[{"chat_messages": [{"content": "text"}]}]', "export.json: entry 1 is not shaped like a "
-                    "Claude conversation (AttributeError: 'str' object has no attribute 'get'); run export-shape on "
-                    "it and include what it prints in a bug report")
+                    "Claude conversation (AttributeError: 'str' object has no attribute 'get')")
         self.refuse(b"[]", "export.json: has 0 conversations but no user or assistant text to import")
         self.refuse(zip_bytes({"user.json": b"{}", "chat.html": b""}), "export.json: is a zip without "
-                    "conversations.json; run export-shape on it to see what it holds")
+                    "conversations.json")
         whole = chatgpt_zip()
         for cut in (len(whole) // 2, len(whole) - 30):
             with self.assertRaises(vm.PackError) as caught:
                 vm.read_export(whole[:cut], "export.zip")
             self.assertRegex(str(caught.exception), r"^export\.zip: is a damaged zip \(.+\); it may be truncated: "
-                                                    r"download the export again$")
+                                                    r"download the export again" + re.escape(SHAPE_HINT) + "$")
 
     def test_zip_bombs_are_refused_without_inflating_them(self):
         import tracemalloc
@@ -5457,7 +5800,7 @@ class TestExportReaders(TempDirCase):
                     peak = tracemalloc.get_traced_memory()[1]
                 finally:
                     tracemalloc.stop()
-                self.assertEqual(str(caught.exception), expected)
+                self.assertEqual(str(caught.exception), expected + SHAPE_HINT)
                 self.assertLess(peak, 4 << 20)                      # far below the 32 MiB it would inflate to
 
     def test_export_shape_prints_structure_and_no_text(self):
@@ -5536,6 +5879,30 @@ class TestImportCommand(TempDirCase):
         self.assertIn(b"is not valid JSON: Expecting ',' delimiter at line 1 column 17 (character 17)", done.stderr)
         self.assertEqual(sorted(os.listdir(self.tmp)), ["conversations.json", "messages.jsonl"])
 
+    def test_every_refusal_of_an_export_points_to_export_shape(self):
+        whole = chatgpt_zip()
+        not_json = json_bytes(chatgpt_export())[:-1]
+        truncated = whole[:len(whole) // 2]
+        for name, data, found in (("truncated.zip", truncated, "is a damaged zip (File is not a zip file); it may be "
+                                   "truncated: download the export again"),
+                                  ("conversations.json", not_json, "is not valid JSON: Expecting ',' delimiter"),
+                                  ("user.json", b'{"email": "x"}', "the whole file is an object with keys email"),
+                                  ("empty.json", b"[]", "has 0 conversations but no user or assistant text")):
+            with self.subTest(name=name):
+                export = os.path.join(self.tmp, name)
+                write(export, data)
+                for command in ("import", "maker"):
+                    done = run(command, "--export", export, "--out", os.path.join(self.tmp, "out"))
+                    self.assertEqual((done.returncode, done.stdout), (1, b""))
+                    line = done.stderr.decode().rstrip("\r\n")
+                    self.assertTrue(line.startswith("verified-memory: refused: %s: %s" % (export, found)), line)
+                    self.assertTrue(line.endswith(SHAPE_HINT), line)
+                    self.assertEqual(line.count("export-shape"), 1)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "out")))
+        # a file that cannot be read is not an export's shape: no hint
+        done = run("import", "--export", os.path.join(self.tmp, "none.zip"), "--out", os.path.join(self.tmp, "out"))
+        self.assertNotIn(b"export-shape", done.stderr)
+
     def test_an_export_over_the_size_limit_is_refused_unread(self):
         export = os.path.join(self.tmp, "conversations.json")
         write(export, FACT_CHATGPT)
@@ -5543,6 +5910,20 @@ class TestImportCommand(TempDirCase):
             self.assertEqual(vm.main(["import", "--export", export, "--out", os.path.join(self.tmp, "m")]), 1)
         self.assertEqual(err.getvalue(), "verified-memory: refused: %s: is %d bytes; the limit is 1000\n"
                          % (export, len(FACT_CHATGPT.encode())))
+
+    def test_a_file_that_appears_meanwhile_is_left_alone(self):
+        export = os.path.join(self.tmp, "conversations.json")
+        write(export, FACT_CHATGPT)
+        out = os.path.join(self.tmp, "messages.jsonl")
+
+        def someone_else_first(path, data):          # another program creates --out after the check
+            write(path, "theirs\n")
+            raise FileExistsError(17, "File exists", path)
+        with mock.patch.object(vm, "_write_new", someone_else_first), \
+                contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(vm.main(["import", "--export", export, "--out", out]), 1)
+        self.assertIn("failed, nothing was written: [Errno 17] File exists", err.getvalue())
+        self.assertEqual(read(out), b"theirs\n")
 
     def test_a_failed_write_leaves_nothing(self):
         export = os.path.join(self.tmp, "conversations.json")
@@ -5740,6 +6121,10 @@ class TestPackMakerApi(MakerCase):
             "at: 12")})
         wrong[1]["quotes"][0] = {"message_id": 99, "quote": "x"}
         self.assertIn("message 99 is not in the messages file", maker.api("records", {"records": wrong}, 400)["error"])
+        for odd in ([5], {"n": 5}, 5.0, True, "5"):         # a message_id of any other type is the builder's to refuse
+            wrong[1]["quotes"][0] = {"message_id": odd, "quote": "x"}
+            self.assertEqual(maker.api("records", {"records": wrong}, 400)["error"], "records.jsonl line 2, field "
+                             "quotes[0].message_id: must be an integer")
         self.assertEqual(maker.api("records", {"records": "M-1"}, 400), {"error": "records must be a list of objects"})
         self.assertFalse(os.path.exists(self.out))
         report = maker.api("build", {"title": "Garden memory", "description": "From the maker.", "records": RECORDS})
@@ -5803,6 +6188,12 @@ class TestPackMakerApi(MakerCase):
                          {"error": "--pack must be an absolute path, got 'relative/pack'"})
         self.assertEqual(sorted(os.listdir(self.tmp)), listing)      # the panel writes nothing
 
+    def test_an_empty_saved_selection_resumes_as_no_records(self):
+        saved = os.path.join(self.tmp, "records.jsonl")
+        write(saved, "\n")
+        maker = self.start(None, "--records", saved).login()
+        self.assertEqual(maker.api("state")["records"], [])
+
     def test_records_resume_a_saved_selection(self):
         saved = os.path.join(self.tmp, "records.jsonl")
         write(saved, "".join(json.dumps(r) + "\n\n" for r in RECORDS))
@@ -5818,6 +6209,17 @@ class TestPackMakerApi(MakerCase):
         self.assertEqual(done.returncode, 1)
         self.assertEqual(done.stderr.decode().rstrip("\r\n"), "verified-memory: refused: records.jsonl line 1, "
                          "field quotes[0].message_id: message 99 is not in the messages file")
+
+    @unittest.skipUnless(os.name != "nt", "a POSIX path can hold bytes that are not UTF-8")
+    def test_an_out_folder_that_is_not_utf8(self):
+        self.export = os.path.join(self.tmp, "chatgpt-export.zip")
+        write(self.export, chatgpt_zip())
+        out = os.path.join(self.tmp, "pack \udcff")       # b"pack \xff" on disk
+        maker = MakerProcess(self, self.export, out).login()
+        self.assertEqual(maker.api("state")["out"], out)      # sent as a JSON escape: the reply stays UTF-8
+        report = maker.api("build", {"title": "Garden memory", "records": RECORDS})
+        self.assertEqual(report["pack"], out)
+        self.assertTrue(os.path.isfile(os.path.join(out, "records.jsonl")))
 
     def test_start_up_refusals_and_stop(self):
         write(os.path.join(self.tmp, "taken"), "")
