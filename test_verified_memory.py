@@ -553,6 +553,18 @@ class TestManifest(TempDirCase):
                 self.assertRefused(pack, "%s: SHA-256 of %s is %s, but SHA256SUMS lists %s"
                                    % (name, name, actual, listed))
 
+    def test_every_digit_of_a_checksum_counts(self):
+        # a listed digest that differs from the file's in one hex digit only, at the start, middle or end
+        for k, line in enumerate(self.lines):
+            for at in (0, 31, 63):
+                with self.subTest(line=line, at=at):
+                    digest, name = line.split("  ")
+                    wrong = digest[:at] + "0123456789abcdef"[(int(digest[at], 16) + 1) % 16] + digest[at + 1:]
+                    lines = list(self.lines)
+                    lines[k] = "%s  %s" % (wrong, name)
+                    self.refuse("\n".join(lines) + "\n", "%s: SHA-256 of %s is %s, but SHA256SUMS lists %s"
+                                % (name, name, digest, wrong))
+
     def test_line_format(self):
         digest, name = self.lines[0].split("  ")
         shape = "SHA256SUMS line 1: expected 64 lowercase hex digits, two spaces and a file name"
@@ -1283,28 +1295,24 @@ class TestStopOnChange(TempDirCase):
         self.assertStopped()
 
     def test_added_file_then_removed_again_stays_stopped(self):
+        # on a real disk, removing the added file leaves the folder's times changed, so the state never matches
+        # again anyway: the tools see the disk through a stand-in that, once the file is gone, shows the folder
+        # exactly as verified, and only the latch keeps them stopped
+        snapshot = self.tools.snapshot
+        removed = []
+
+        def disk(root):
+            return snapshot.state if removed else vm.disk_state(root)
+        self.tools = vm.ToolServer(snapshot, lambda: NOW, disk=disk)
+        self.assertServing()
         extra = os.path.join(self.pack, ".DS_Store")
         write(extra, "x")
         self.assertStopped()
         os.unlink(extra)
+        removed.append(extra)
         self.assertStopped()                  # latched until restart
-
-    def test_the_refusal_is_latched_even_when_the_disk_state_comes_back(self):
-        # on a real disk, removing an added file leaves the folder's times changed, so the state never matches
-        # again anyway: a stand-in for the disk state shows the very state verified again, and only the latch
-        # keeps the tools stopped
-        snapshot = self.tools.snapshot
-        root_identity, entries = snapshot.state
-        states = {"verified": snapshot.state, "added": (root_identity, entries + ((".DS_Store", entries[0][1]),))}
-        shown = ["verified"]
-        self.tools = vm.ToolServer(snapshot, lambda: NOW, disk=lambda root: states[shown[0]])
-        self.assertServing()
-        shown[0] = "added"
-        self.assertStopped()
-        shown[0] = "verified"
-        self.assertStopped()
-        self.assertEqual(vm.ToolServer(snapshot, lambda: NOW, disk=lambda root: states[shown[0]]).call(
-            "verified_memory_get", {"id": "M-garden-1"})[0]["found"], True)       # a restart serves again
+        self.tools = vm.ToolServer(snapshot, lambda: NOW, disk=disk)
+        self.assertServing()                  # a new server (a restart) serves the same state
 
     def test_removed_file(self):
         os.unlink(os.path.join(self.pack, "README.md"))
@@ -1340,6 +1348,23 @@ class TestStopOnChange(TempDirCase):
         self.tools.changed = False
         os.rename(path + ".tmp", path)
         self.assertStopped()
+
+    def test_tools_serve_the_verified_snapshot_not_the_disk(self):
+        # what the tools return is what was verified at startup: with a stand-in that shows the disk unchanged,
+        # a rewrite of records.jsonl goes unseen, and get, search and the payee check still answer from the
+        # verified records
+        snapshot = self.tools.snapshot
+        path = os.path.join(self.pack, "records.jsonl")
+        write(path, read(path).replace(b"GARDEN-ACCT-0042", b"ATTACK-ACCT-6666"))
+        tools = vm.ToolServer(snapshot, lambda: NOW, disk=lambda root: snapshot.state)
+        record = tools.call("verified_memory_get", {"id": "M-garden-7"})[0]["record"]
+        self.assertIn("GARDEN-ACCT-0042", record["statement"])
+        matches = tools.call("verified_memory_search", {"query": "account"})[0]["matches"]
+        self.assertIn("GARDEN-ACCT-0042", json.dumps(matches))
+        self.assertNotIn("ATTACK", json.dumps(matches))
+        payload = tools.call("verified_memory_check_payee", {"payee": "Juniper Street Community Garden",
+                                                             "account": "GARDEN-ACCT-0042"})[0]
+        self.assertEqual(payload["outcome"], "match")
 
     def test_running_server_refuses_with_no_record_data(self):
         session = [initialize(), call(2, "verified_memory_get", {"id": "M-garden-7"})]
@@ -1528,6 +1553,14 @@ class TestSearchIndexPaths(SearchCase):
         self.assertEqual(self.path(index, [b"x", b"y", b"z"]), "each place")     # up to 360
         self.assertEqual(index.search(["x", "y", "z"])[1][0], (7, 254))
         self.assertEqual(index.search(["x", "y"])[1][0], (7, 240))
+
+    def test_a_count_past_128_needs_two_byte_fields(self):
+        # totals below 255, but counts past 128 that would carry into the next place's byte once its flag is added
+        rng = random.Random(12)
+        texts = [" ".join(["w"] * rng.choice((1, 2, 130, 200)) + ["v"] * rng.randint(0, 30)) for _ in range(200)]
+        index, paths = self.check_against_scan(texts, ["w", "v"], rng, queries=30)
+        self.assertEqual(self.path(index, [b"w", b"v"]), "two bytes")
+        self.assertIn("two bytes", paths)
 
     def test_huge_counts_stay_exact(self):
         # 70,000 occurrences overflow 16 bits; totals around 255 (a byte) are ordered by their exact values

@@ -2246,8 +2246,10 @@ class PayeeIndex:
         """Records not in `exclude` whose quotes mention `account`, newest first (_mention)."""
         found = []
         for i in self.candidates(account):
+            if i in exclude:
+                continue
             mention = _mention(self.snapshot.record(i), account)
-            if i not in exclude and mention["evidence"]:
+            if mention["evidence"]:
                 found.append(mention)
         found.sort(key=_newest_first)
         return found
