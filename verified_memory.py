@@ -33,9 +33,7 @@ import datetime
 import functools
 import hashlib
 import heapq
-import itertools
 import json
-import mmap
 import os
 import re
 import stat
@@ -43,11 +41,9 @@ import sys
 import threading
 import time
 import unicodedata
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict, namedtuple
-from itertools import accumulate, chain, compress, repeat
-from operator import add, and_, eq, gt, itemgetter, le, lshift, or_, rshift, sub
-from bisect import bisect_right
+from itertools import accumulate, repeat
 
 # ============================================================================
 # §1 Constants and limits
