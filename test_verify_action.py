@@ -133,6 +133,11 @@ PATHOLOGICAL = ["a." * 4000, "a" * 8192, ("a" * 60 + "@") * 130, "a@" * 4000, "1
                 "removed the file a.py " * 370, "user 1 " * 1170, "https://h.com/customers/1 " * 315]
 
 
+# PATHOLOGICAL's answers: for each claim, its verdict against each evidence shape of pathological_evidence, in order
+PATHOLOGICAL_ANSWERS = ["IIIIIIII"] * 12 + ["IIIIICII", "IIIIIIII", "IIIIIIII", "IIIICIII", "CIVICIII", "IICIIIII",
+                                            "IIIIIIII"]
+
+
 def pathological_evidence(claim):
     return [{"diff": D_TWO + "+" + claim + "\n"}, {"diff": "+" * 200000},
             {"before_count": 1, "after_count": 0, "operation": "DELETE FROM t WHERE id IN (" + "1," * 20000 + "1)"},
@@ -275,6 +280,18 @@ def adversarial_bodies():
                 {"claim": "x", "evidence": {}}, **{"k%d" % i: [1] for i in range(60000)})}}).encode()),
     ]
     return cases
+
+
+def answer_and_codes(path, body):
+    """(what the service answers a POST body with, as answer() says it; the reason codes, None for a refusal)."""
+    status, obj = SERVICE.post(path, body, {})
+    if path == "/mcp":
+        result = obj["result"]
+        content = result.get("structuredContent") or {}
+        return ("isError" if result["isError"] else content["aar_verdict"]), content.get("reason_codes")
+    if status != 200:
+        return obj["error"], None
+    return obj["aar_verdict"], obj["reason_codes"]
 
 
 def answers_in_a_child(expression, timeout=120):
@@ -552,12 +569,16 @@ class Issue11Speed(unittest.TestCase):
             self.assertEqual(counted, (sum(l[:1] == "+" for l in taken), sum(l[:1] == "-" for l in taken)))
 
     def test_every_adversarial_body_is_answered(self):
+        # exactly as ADVERSARIAL_ANSWERS says: a crashing rule (unsafe_to_verify, verifier_error) would show; a body
+        # added to the table since is at least answered without one
         bodies = adversarial_bodies()
         self.assertGreaterEqual(len(bodies), 20)
         for label, path, body in bodies:
             self.assertLessEqual(len(body), va.MAX_BODY, label)
-            self.assertIn(answer(path, body), (V, C, I, U, "invalid_json", "unknown_field", "invalid_request", "isError"),
-                          label)
+            got = answer_and_codes(path, body)
+            self.assertNotIn("verifier_error", got[1] or [], label)
+            if label in ADVERSARIAL_ANSWERS:
+                self.assertEqual(got, ADVERSARIAL_ANSWERS[label], label)
 
     def test_generic_value_codes_agree_with_each_claimed_value_against_each_found(self):
         # the found values are read once and each claimed value is looked up; before, each claimed value was compared
@@ -925,6 +946,67 @@ class Validation(unittest.TestCase):
 # Rules: labelled cases per kind; every reason code covered
 # ---------------------------------------------------------------------------------------------------
 V, C, I, U = "verified", "contradicted", "insufficient_evidence", "unsafe_to_verify"
+ADVERSARIAL_ANSWERS = {  # label -> (what the service answers: a verdict, an error code or isError; its reason codes)
+    "sql: 'id IN (' x 9300, no ')'": (I, ['sql_kind_matches', 'where_not_plain']),
+    'api_call: 600 claimed x 70k request URLs': (C, ['status_matches_claim', 'target_mismatch']),
+    'api_call: 600 claimed x 55k URLs in a url list': (C, ['status_matches_claim', 'target_mismatch']),
+    'generic: 32 stated keys x 60k members': (C, ['explicit_value_conflict']),
+    'depth-29 nests': (I, ['no_signal']),
+    'runs of 299 digits': ('invalid_json', None),
+    'runs of 15 digits': (I, ['no_signal']),
+    '120k small objects': (I, ['no_signal']),
+    '200k short strings': (I, ['no_signal']),
+    'code_diff: 1,200 files x 10 lines': (C, ['path_in_diff', 'identifier_in_changed_lines', 'action_matches_lines',
+                                              'changes_mostly_elsewhere']),
+    'code_diff: one hunk of 1 MiB short lines': (I, ['path_in_diff', 'identifier_not_in_changed_lines',
+                                                     'action_matches_lines']),
+    'code_diff: 8 KiB claim of paths': (I, ['path_in_diff', 'action_matches_lines', 'unnamed_files_changed']),
+    'code_diff: 1 MiB of @@ lines': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of one-line hunks': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of one-line hunks, added': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of --- lines': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of other lines': (I, ['diff_no_changes']),
+    'code_diff: a hunk of blank lines': (I, ['path_in_diff', 'identifier_not_in_changed_lines',
+                                             'action_mismatch_lines']),
+    'generic: one 1 MiB string': (I, ['no_signal']),
+    'generic: 8 KiB claim of entities': (I, ['no_signal']),
+    'generic: 8 KiB claim of states x 60k keys': (C, ['state_matches', 'state_conflict']),
+    'generic: 7 KiB of state words, then 32 keys': (V, ['state_matches']),
+    'generic: status keys under nests': (C, ['explicit_value_conflict', 'outcome_conflict']),
+    'db_op: 64 KiB SQL of OR terms': (I, ['sql_kind_matches', 'where_not_plain']),
+    'api_call: 1 MiB JSON text body': (V, ['status_matches_claim', 'body_matches_claim']),
+    'api_call: 1 MiB plain text body': (V, ['status_matches_claim', 'body_matches_claim']),
+    'api_call: 700 claimed ids x 66k ids in the request': (C, ['target_mismatch']),
+    'api_call: ids in 62k URL paths': (C, ['target_mismatch']),
+    'generic: 1,300 stated values x 100 found': (C, ['explicit_value_conflict']),
+    "generic: a string of escaped quotes after ':'": (I, ['no_signal']),
+    'api_call: a URL of one 1 MiB path segment': (C, ['target_mismatch']),
+    'api_call: one URL 116k times': (C, ['status_matches_claim', 'target_mismatch']),
+    'file_op: 8 KiB claim of sizes and paths': (C, ['path_mismatch', 'existence_matches', 'line_count_mismatch']),
+    'mcp: tools/call of 120k small objects': (I, ['no_signal']),
+    'strings of \\u escapes': (I, ['no_signal']),
+    'floats: 1.5e-05': (I, ['no_signal']),
+    'floats: 0.1234567': (I, ['no_signal']),
+    'floats: 12.0': (I, ['no_signal']),
+    'floats: 1e16': (I, ['no_signal']),
+    'floats: 1.5e+16': (I, ['no_signal']),
+    'floats: 1.5e-06': (I, ['no_signal']),
+    'floats: 1e-07': (I, ['no_signal']),
+    'floats: -0.0': (I, ['no_signal']),
+    'runs of 16 digits below 2^53': (I, ['no_signal']),
+    'U+E000 and astral in a value': (I, ['no_signal']),
+    'U+E000 and astral in keys': (I, ['no_signal']),
+    'such keys at depth 31': (I, ['no_signal']),
+    '50k small objects of such keys': (I, ['no_signal']),
+    '30k such objects, all escaped': (I, ['no_signal']),
+    'one object of 50k such keys': (I, ['no_signal']),
+    '70k two-key objects, such chars in the claim': (I, ['no_signal']),
+    'depth-29 nests and 20k objects of such keys': (I, ['no_signal']),
+    'depth-29 nests and 40k objects of such keys': (I, ['no_signal']),
+    '70k top-level members': ('unknown_field', None),
+    '70k members beside the receipt': ('invalid_request', None),
+    'mcp: 60k members beside the evidence': ('isError', None),
+}
 CODE_DIFF = [
     ("Added null check for `user.email` in src/user.py", D_USER, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
     ("Added null check for user.email in src/user.py", D_USER, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
@@ -1224,16 +1306,20 @@ class PeerFailures(unittest.TestCase):
 
     def test_1_pathological_claims_are_answered(self):
         # the peer froze 7 s on each; answered in a child process whose timeout is a hang guard (the bench measures
-        # the time: the worst case, beside the adversarial table)
-        verdicts = answers_in_a_child("[t.judge(c[:8192], ev)[0] for c in t.PATHOLOGICAL for ev in t.pathological_evidence(c)]")
-        self.assertEqual(len(verdicts), len(PATHOLOGICAL) * len(pathological_evidence("x")))
-        self.assertLessEqual(set(verdicts), {V, C, I, U})
+        # the time: the worst case, beside the adversarial table). Each answer exactly: a crash would be U.
+        answers = answers_in_a_child("[t.judge(c[:8192], ev) for c in t.PATHOLOGICAL for ev in t.pathological_evidence(c)]")
+        shapes = len(pathological_evidence("x"))
+        letters = "".join({V: "V", C: "C", I: "I", U: "U"}[verdict] for verdict, _ in answers)
+        rows = [letters[i : i + shapes] for i in range(0, len(letters), shapes)]
+        self.assertEqual(list(zip(PATHOLOGICAL, rows)), list(zip(PATHOLOGICAL, PATHOLOGICAL_ANSWERS)))
+        self.assertEqual([codes for _, codes in answers if "verifier_error" in codes], [])
 
     def test_2_the_reviews_big_bodies_are_answered(self):
         # was: 9 s (sql), 1.8 s (URLs), 0.26 s, 0.17 s, 0.15 s; their time is measured in the bench's adversarial table
-        for (label, body), got in zip(big_bodies(), answers_in_a_child("[t.parse_judge_sign(b) for _, b in t.big_bodies()]")):
+        got = answers_in_a_child("[t.answer_and_codes('/verify', b) for _, b in t.big_bodies()]")
+        for (label, body), answered in zip(big_bodies(), got):
             self.assertLessEqual(len(body), va.MAX_BODY, label)
-            self.assertIn(got, (C, I, "invalid_json"), label)
+            self.assertEqual(tuple(answered), ADVERSARIAL_ANSWERS[label], label)
 
     def test_6_reason_codes_and_receipts_carry_no_input(self):
         marker = "zq" + "x" * 10 + "marker"
@@ -1534,6 +1620,31 @@ TABLE_CODE_DIFF = [
     ("Removed `check_password`", D_CHECK_PW_MOVED, V, ["identifier_in_changed_lines", "action_matches_lines"]),
     ("Replaced `check_password` in auth.py", D_CHECK_PW, V,
      ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `retry_on_timeout` to src/net.py",
+     one_file("src/net.py", " x", "+def retry_on_timeout(call):", "+    return call()"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `retry_on_timeout` to src/net.py", one_file("src/net.py", " x", "+    # retry_on_timeout(call)"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `retry_on_timeout` to src/net.py", one_file("src/net.py", " x", "-retry_on_timeout = None"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_mismatch_lines"]),
+    ("Removed `legacy_login` from src/auth.py",
+     one_file("src/auth.py", "-def legacy_login(user):", "-    return True", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Removed `legacy_login` from src/auth.py",
+     one_file("src/auth.py", "-def legacy_login(user):", "+def legacy_login(user, strict=False):", " x"), C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Removed `legacy_login` and `old_hash` from src/auth.py",
+     one_file("src/auth.py", "-legacy_login()", "-old_hash()", "+old_hash()", " x"), C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Removed the TODO about `legacy_login` from src/auth.py",
+     one_file("src/auth.py", "-# TODO: drop legacy_login", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added validation of `order.total` to src/orders.py",
+     one_file("src/orders.py", " def save(order):", "+    if order.total < 0:", "+        raise ValueError()"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added validation of `order.total` to src/orders.py",
+     one_file("src/orders.py", " def save(order):", '+    """Checks order.total."""', "+    pass"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
     # comments, blank lines, docstrings and placeholders are not code
     ("Added rate limiting to src/api.py", D_TODO_ONLY, I,
      ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
@@ -1651,6 +1762,27 @@ TABLE_API_CALL = [
     ("The payment failed", api({"data": {"status": "declined"}}, 402), V, SENT),
     ("The payment failed", api({"data": {"status": "succeeded"}}), C,
      ["status_contradicts_failure_claim", "body_contradicts_failure_claim"]),
+    ("Posted the invoice to https://billing.example.com/invoices", api({"status": "created"}, 201,
+                                                                      {"url": "https://billing.example.com/invoices"}),
+     V, ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Posted the invoice to https://billing.example.com/invoices", api({"status": "created"}, 201,
+                                                                      {"url": "https://evil.example.com/invoices"}),
+     C, ["status_matches_claim", "body_matches_claim", "target_mismatch"]),
+    ("Sent the receipt to ann@example.com", api("Queued for delivery; not yet sent", 202, {"to": "ann@example.com"}),
+     C, ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Sent the receipt to ann@example.com", api({"message": {"status": "sent"}}, 200, {"to": "ann@example.com"}),
+     V, ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Sent the receipt to ann@example.com", api({"results": [{"to": "ann@example.com", "status": "rejected"}]}, 200,
+                                                {"to": "ann@example.com"}),
+     C, ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Created order 42 successfully", api({"data": {"order": {"id": 42, "state": "failed"}}}, 201,
+                                         {"order_id": 42}), C, ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Created order 42 successfully", api({"data": {"order": {"id": 42, "state": "created"}}}, 201,
+                                         {"order_id": 42}), V,
+     ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Message delivered", api("Delivered, though 2 recipients bounced"), C, ["status_matches_claim", "body_failure"]),
+    ("Message delivered", api("Delivered to 2 recipients"), V, SENT),
+    ("Message delivered", api("Delivered: no bounces, no errors"), V, SENT),
     # targets
     ("Charged customers 77 and 78", api({"ok": True}, 200, {"url": "https://x.io/customers/77/charges",
                                                             "ids": "78"}), C, ["target_mismatch"]),
@@ -1665,6 +1797,18 @@ TABLE_GENERIC = [
     ("Tests passed for build_4411 on runner_a7 at commit_9f3",
      {"build": "build_4411", "runner": "runner_a7", "commit": "commit_9f3", "tests": {"failed": 0, "passed": 12}}, V,
      ["entities_match"]),
+    ("Smoke tests passed on staging_eu for release_4_2 with ticket_881",
+     {"env": "staging_eu", "release": "release_4_2", "ticket": "ticket_881", "results": {"summary": {"failed": 4}}},
+     C, ["entities_match", "outcome_conflict"]),
+    ("Smoke tests passed on staging_eu for release_4_2 with ticket_881",
+     {"env": "staging_eu", "release": "release_4_2", "ticket": "ticket_881", "results": {"summary": {"failed": 0}}},
+     V, ["entities_match"]),
+    ("Lint succeeded", {"lint": {"warnings": 3, "errors": 0}, "status": "ok"}, I, ["outcome_matches"]),
+    ("Lint succeeded", {"lint": {"warnings": 3, "errors": 2}, "status": "ok"}, C, ["outcome_conflict"]),
+    ("Lint failed", {"lint": {"errors": 2}}, I, ["outcome_matches"]),
+    ("The sync completed", {"synced": 120, "failed": 0, "state": "done"}, I, ["no_signal"]),
+    ("The sync completed", {"synced": 120, "failures": [], "state": "done"}, I, ["no_signal"]),
+    ("status is ok", {"status": "ok", "errors": 3}, C, ["explicit_value_match", "outcome_conflict"]),
     ("Tests passed", {"summary": {"failures": 2, "tests": 40}}, C, ["outcome_conflict"]),
     ("Tests passed", {"counts": {"failing": 1}}, C, ["outcome_conflict"]),
     ("Build succeeded", {"counts": {"errors": 1}}, C, ["outcome_conflict"]),
@@ -1702,6 +1846,30 @@ TABLE_FILE_OP = [
      ["claim_negated", "path_matches"]),
     ("Reverted: deleted tmp.txt", {"path": "tmp.txt", "exists_before": True, "exists_after": False}, I,
      ["claim_negated", "path_matches", "existence_matches"]),
+    ("Rolled back the creation of notes.md", {"path": "notes.md", "exists_before": False, "exists_after": True}, I,
+     ["claim_negated", "path_matches"]),
+    ("Did not overwrite app.cfg", {"path": "app.cfg", "exists_before": True, "exists_after": True}, I,
+     ["claim_negated", "path_matches"]),
+    ("Overwrote app.cfg with 12 lines", {"path": "etc/app.cfg", "exists_before": True, "exists_after": True,
+                                         "line_count": 12}, V, ["path_matches", "existence_matches", "line_count_matches"]),
+    ("Wrote 60 lines to out.txt", {"path": "out.txt", "exists_before": False, "exists_after": True, "line_count": 55},
+     I, ["path_matches", "existence_matches", "line_count_off"]),
+    ("Wrote 200 lines to out.txt", {"path": "out.txt", "exists_before": False, "exists_after": True,
+                                    "line_count": 100}, C, ["path_matches", "existence_matches", "line_count_mismatch"]),
+    ("Saved 2 KiB to out.bin", {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 2048}, V,
+     ["path_matches", "existence_matches", "size_matches"]),
+    ("Saved 0 bytes to out.bin", {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 0}, V,
+     ["path_matches", "existence_matches", "size_matches"]),
+    ("Saved 5 bytes to out.bin", {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 0}, C,
+     ["path_matches", "existence_matches", "size_mismatch"]),
+    ("Moved a.txt to b.txt", {"path": "a.txt", "new_path": "b.txt", "exists_before": True, "exists_after": True}, V,
+     ["path_matches", "existence_matches"]),
+    ("Moved a.txt to b.txt", {"path": "a.txt", "new_path": "b.txt", "exists_before": True, "exists_after": False}, C,
+     ["path_matches", "end_state_mismatch"]),
+    ("Deleted ./tmp/x.log", {"path": "/srv/tmp/x.log", "exists_before": True, "exists_after": False}, V,
+     ["path_matches", "existence_matches"]),
+    ("Deleted x.log", {"path": "/srv/tmp/ax.log", "exists_before": True, "exists_after": False}, C,
+     ["path_mismatch", "existence_matches"]),
     ("Deleted tmp.txt", {"path": "tmp.txt", "exists_before": True, "exists_after": False}, V,
      ["path_matches", "existence_matches"]),
     ("Created report.txt and did not delete cache.db", {"path": "report.txt", "exists_before": False,
@@ -1851,7 +2019,7 @@ va.Service.verify = checked_verify(va.Service.verify)
 
 def tearDownModule():
     # every response the suite produced was checked, and each one's signals give its verdict and confidence
-    if CHECKED["wrong"] or CHECKED["responses"] < 500:
+    if CHECKED["wrong"]:
         raise AssertionError("signals check: %d responses, wrong: %r" % (CHECKED["responses"], CHECKED["wrong"][:5]))
 
 
@@ -1865,6 +2033,22 @@ class Signals(unittest.TestCase):
                          {"positive", "negative", "critical", "unsafe", "none"})
         unsafe = {code for code, r in RULES["reason_codes"].items() if r["effect"] == "unsafe"}
         self.assertEqual(unsafe, {"evidence_invalid", "evidence_too_large", "verifier_error"})
+
+    def test_every_response_is_checked(self):
+        # /verify and MCP tools/call, in process and over HTTP, go through the wrapped Service.verify
+        before = CHECKED["responses"]
+        SERVICE.verify({"claim": "x", "evidence": {}})
+        SERVICE.post("/verify", b'{"claim": "x", "evidence": {}}', {})
+        call = {"name": "verify_action", "arguments": {"claim": "x", "evidence": {}}}
+        SERVICE.mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})
+        server, thread = in_process_server()
+        try:
+            raw_exchange(server.port, post_bytes(b'{"claim": "x", "evidence": {}}'))
+        finally:
+            server.shutdown()
+            thread.join(5)
+        self.assertEqual(CHECKED["responses"], before + 4)
+        self.assertEqual(CHECKED["wrong"], [])
 
     def test_the_recomputation_itself(self):
         def sig(*effects):

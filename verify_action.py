@@ -477,8 +477,8 @@ def _stems(word):
 
 def _grouped(parts):
     """Whether the parts of a number split at commas group its digits by three ('1', '000')."""
-    rest = parts[1:]
-    return 1 <= len(parts[0]) <= 3 and all(len(part) == 3 for part in rest)
+    lengths = list(map(len, parts))
+    return 1 <= lengths[0] <= 3 and set(lengths[1:]) <= {3}
 
 
 def _number(tok):
@@ -500,13 +500,16 @@ def _name_part(part):
     """Whether part can be one part of an identifier: ASCII letters, digits and _, not starting with a digit."""
     if not part or not part.isascii():
         return False
-    return (part[0].isalpha() or part[0] == "_") and part.replace("_", "a").isalnum()
+    starts_well = part[0].isalpha() or part[0] == "_"
+    return starts_well and part.replace("_", "a").isalnum()
 
 
 def _camel(word):
     """Whether word is camelCase: a lower-case letter right before a capital ('Added' is not)."""
+    if word[1:].islower():
+        return False
     pairs = zip(word, word[1:])
-    return not word[1:].islower() and any(a.islower() and b.isupper() for a, b in pairs)
+    return any(a.islower() and b.isupper() for a, b in pairs)
 
 
 def _identifier(tok, explicit=False):
@@ -563,22 +566,28 @@ def _urls_in(text):
     return set(itertools.compress(zip(hosts, paths), hosts))
 
 
+_PATH_STARTS = ("/", "./", "~/")
+_MAX_PATH = BOUNDS["path_chars"]
+
+
 def _pathish(tok):
     """Whether tok names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)."""
-    if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]:
+    if "://" in tok or "@" in tok or len(tok) > _MAX_PATH:
         return False
     base = tok.rsplit("/", 1)[-1]
     name, dot, ext = base.rpartition(".")
     named = name or base.startswith(".")
     if dot and ext.lower() in EXTENSIONS and named and not _digits(name):
         return True
-    rooted = tok.startswith(("/", "./", "~/")) or tok.count("/") >= 2
+    rooted = tok.startswith(_PATH_STARTS) or tok.count("/") >= 2
     return "/" in tok and bool(base) and rooted
 
 
 def _suffix_of(claimed, path):
     """Whether the claimed path is path or a whole-component suffix of it (a.py never matches data.py)."""
-    return bool(claimed) and (path == claimed or path.endswith("/" + claimed))
+    if not claimed:
+        return False
+    return path == claimed or path.endswith("/" + claimed)
 
 
 def _singular(noun):
@@ -718,10 +727,11 @@ def _negated_at(low, i):
 def _reversed(low):
     """Whether the claim reverses or skips its action: skipped, reverted, undid, undo, rolled back, backed out
     (a reversal word after an article names a thing: 'an undo button')."""
-    previous = [""] + low[:-1]
-    words = any(word in _REVERSALS and before not in _ARTICLES for before, word in zip(previous, low))
-    pairs = zip(low, low[1:])
-    return words or not _REVERSAL_PAIRS.isdisjoint(pairs)
+    pairs = list(zip([""] + low[:-1], low))  # (the word before, each word)
+    for before, word in pairs:
+        if word in _REVERSALS and before not in _ARTICLES:
+            return True
+    return not _REVERSAL_PAIRS.isdisjoint(pairs)
 
 
 class Actions(collections.namedtuple("Actions", "classes negated")):
@@ -734,7 +744,8 @@ class Actions(collections.namedtuple("Actions", "classes negated")):
 
 def _actions(low, verbs):
     """The Actions of the lower-cased tokens of a claim, by a verb table (word -> class)."""
-    found = [(verbs[word], _negated_at(low, i)) for i, word in enumerate(low) if word in verbs]
+    positions = [i for i, word in enumerate(low) if word in verbs]
+    found = [(verbs[low[i]], _negated_at(low, i)) for i in positions]
     classes = frozenset(cls for cls, negated in found if not negated)
     first_negated = bool(found) and found[0][1]
     return Actions(classes, first_negated or _reversed(low))
@@ -748,7 +759,8 @@ def _claim_count(low, verbs):
     for i, word in enumerate(low):
         if word not in verbs:
             continue
-        after = [w for w in low[i + 1 : i + 4] if w not in _COUNT_FILLERS]
+        window = low[i + 1 : i + 4]
+        after = [w for w in window if w not in _COUNT_FILLERS]
         number = _number(after[0]) if after else None
         if isinstance(number, int):
             return number
@@ -762,10 +774,11 @@ class EvidenceTooLarge(ValueError):
     """A rule stopped at a bound (BOUNDS) of its kind: the verdict is unsafe_to_verify (evidence_too_large)."""
 
 
-# The lines a diff's structure is read from; hunk bodies are skipped by their counts, other lines by this search.
+# The lines a diff's structure is read from, each kind of line a group (in _DIFF_LINE_READERS' order); hunk bodies
+# are skipped by their counts, other lines by this search.
 _DIFF_HEADER = re.compile(
-    r"^(?:diff --git |--- |\+\+\+ |@@ |new file mode|deleted file mode|rename from |rename to |GIT binary patch"
-    r"|Binary files )[^\n]*",
+    r"^(?:(diff --git )|(--- )|(\+\+\+ )|(@@ )|(new file mode)|(deleted file mode)|(rename from )|(rename to )"
+    r"|(GIT binary patch)|(Binary files ))[^\n]*",
     re.M,
 )
 # The end of a run of lines a hunk may hold (added, removed, context, "\ No newline at end of file", and blank lines:
@@ -839,14 +852,21 @@ def _hunk_counts(header):
     return (counts + [0, 0])[:2]
 
 
-def _fits(body, old, new):
-    """Whether a run of hunk lines (a newline before each) fits the counts: the old count covers the removed and
-    context lines (every line but the added and the notes, '\\'), the new count the added and context lines."""
+def _line_counts(body):
+    """(lines, added, removed, notes) of a run of hunk lines (a newline before each): counts of line starts, in C."""
     lines = body.count("\n")
-    notes = body.count("\n\\")
     added = body.count("\n+")
     removed = body.count("\n-")
-    return lines - added - notes <= old and lines - removed - notes <= new
+    return lines, added, removed, body.count("\n\\")
+
+
+def _fits(counts, old, new):
+    """Whether a run of hunk lines (its _line_counts) fits the @@ line's counts: the old count covers the removed and
+    context lines (every line but the added and the notes, '\\'), the new count the added and context lines."""
+    lines, added, removed, notes = counts
+    old_lines = lines - added - notes
+    new_lines = lines - removed - notes
+    return old_lines <= old and new_lines <= new
 
 
 def _fitting_start(body, old, new):
@@ -872,18 +892,20 @@ def _fitting_start(body, old, new):
 
 
 def _hunk_body(text, start, header):
-    """The body of the hunk whose @@ line (header) ends at start, as text with a newline before each line ('' for
-    none): the longest run of hunk lines that fits the @@ line's counts. Mostly the whole run fits, which counts of
-    its line starts tell, in C."""
+    """(the body of the hunk whose @@ line (header) ends at start, as text with a newline before each line ('' for
+    none); its _line_counts): the longest run of hunk lines that fits the @@ line's counts. Mostly the whole run fits,
+    which counts of its line starts tell, in C."""
     if not text.startswith(_HUNK_START, start):
-        return ""
+        return "", (0, 0, 0, 0)
     old, new = _hunk_counts(header)
     stop = _HUNK_END.search(text, start)
     end = stop.start() if stop else len(text)
     body = "\n" + text[start:end]
-    if _fits(body, old, new):
-        return body
-    return _fitting_start(body, old, new)
+    counts = _line_counts(body)
+    if _fits(counts, old, new):
+        return body, counts
+    body = _fitting_start(body, old, new)
+    return body, _line_counts(body)
 
 
 class _DiffReader(object):
@@ -909,10 +931,8 @@ class _DiffReader(object):
                 return self.files, self.changed, self.spans
             self.at = match.end() + 1
             line = match.group().rstrip("\r")
-            for prefix, reader in _DIFF_LINE_READERS:
-                if line.startswith(prefix):
-                    reader(self, line)
-                    break
+            reader = _DIFF_LINE_READERS[match.lastindex - 1]  # the group that matched names the kind of line
+            reader(self, line)
             if len(self.files) > BOUNDS["diff_files"]:
                 break
         raise EvidenceTooLarge()
@@ -955,15 +975,13 @@ class _DiffReader(object):
         if self.current is None:
             self.new_file("", "")
         self.git_header = False
-        body = _hunk_body(self.text, self.at, line)
+        body, (lines, added, removed, _) = _hunk_body(self.text, self.at, line)
         if not body:
             return
         self.at += len(body)
-        added = body.count("\n+")
-        removed = body.count("\n-")
         self.current["added"] += added
         self.current["removed"] += removed
-        if added + removed == body.count("\n"):  # every line a change: a split is cheaper than matching each
+        if added + removed == lines:  # every line a change: a split is cheaper than matching each
             self.changed += body[1:].split("\n")
         else:
             self.changed += _CHANGED_LINE.findall(body)
@@ -1000,17 +1018,17 @@ class _DiffReader(object):
         self.git_header = False
 
 
-_DIFF_LINE_READERS = (  # the start of a structure line -> how it is read
-    ("diff --git ", _DiffReader.git_line),
-    ("--- ", _DiffReader.minus_line),
-    ("+++ ", _DiffReader.plus_line),
-    ("@@ ", _DiffReader.hunk_line),
-    ("new file mode", _DiffReader.mode_line),
-    ("deleted file mode", _DiffReader.mode_line),
-    ("rename from ", _DiffReader.rename_from_line),
-    ("rename to ", _DiffReader.rename_to_line),
-    ("GIT binary patch", _DiffReader.binary_patch_line),
-    ("Binary files ", _DiffReader.binary_files_line),
+_DIFF_LINE_READERS = (  # how each kind of structure line is read, in the order of _DIFF_HEADER's groups
+    _DiffReader.git_line,  # diff --git
+    _DiffReader.minus_line,  # ---
+    _DiffReader.plus_line,  # +++
+    _DiffReader.hunk_line,  # @@
+    _DiffReader.mode_line,  # new file mode
+    _DiffReader.mode_line,  # deleted file mode
+    _DiffReader.rename_from_line,
+    _DiffReader.rename_to_line,
+    _DiffReader.binary_patch_line,  # GIT binary patch
+    _DiffReader.binary_files_line,  # Binary files ... differ
 )
 
 
@@ -1038,14 +1056,13 @@ _COMMENT_LINE = re.compile(
 # What says the work is not done, in lower case: TODO, FIXME, TBD (whole words), not (yet) implemented,
 # NotImplementedError, unimplemented!(). Each pattern starts with a literal, so a search skips text without it in C,
 # and takes the rest of the line (group 1).
-_PLACEHOLDERS = (
-    ("todo", re.compile(r"(todo(?<![a-z0-9_]todo)(?![a-z0-9_])[^\n]*)")),
-    ("fixme", re.compile(r"(fixme(?<![a-z0-9_]fixme)(?![a-z0-9_])[^\n]*)")),
-    ("tbd", re.compile(r"(tbd(?<![a-z0-9_]tbd)(?![a-z0-9_])[^\n]*)")),
-    ("implemented", re.compile(
-        r"(implemented(?:(?<=not implemented)|(?<=not yet implemented)|(?<=notimplemented)|(?<=unimplemented))[^\n]*)"
-    )),
+_TODO = re.compile(r"(todo(?<![a-z0-9_]todo)(?![a-z0-9_])[^\n]*)")
+_FIXME = re.compile(r"(fixme(?<![a-z0-9_]fixme)(?![a-z0-9_])[^\n]*)")
+_TBD = re.compile(r"(tbd(?<![a-z0-9_]tbd)(?![a-z0-9_])[^\n]*)")
+_NOT_IMPLEMENTED = re.compile(
+    r"(implemented(?:(?<=not implemented)|(?<=not yet implemented)|(?<=notimplemented)|(?<=unimplemented))[^\n]*)"
 )
+_PLACEHOLDERS = (("todo", _TODO), ("fixme", _FIXME), ("tbd", _TBD), ("implemented", _NOT_IMPLEMENTED))
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every length
 # files of prose, whose every line is content (a '# Heading' in README.md is no comment)
 _PROSE = frozenset("md markdown rst txt adoc org".split())
@@ -1053,6 +1070,11 @@ _PROSE = frozenset("md markdown rst txt adoc org".split())
 _CODE_BYTES = b"_.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _NOT_CODE_CHARS = bytes(byte if byte in _CODE_BYTES else 32 for byte in range(256))
 _MAX_SEARCHES = 16  # claimed identifiers looked for by a pattern each (the others by set look-ups)
+
+
+def _unsigned(lines, sign):
+    """lines (a text of lines, each with its sign, all of them sign) without their signs."""
+    return ("\n" + lines).replace("\n" + sign, "\n")[1:]
 
 
 def _signed_text(lines, sign):
@@ -1082,9 +1104,12 @@ def _cut(text, low, pattern):
     """(text, low) without each match of pattern in low (text in ASCII lower case) and the rest of its line: low is
     split at the matches, and text cut where low is, as both have the same length."""
     pieces = pattern.split(low)  # kept, cut, kept, ..., kept
-    ends = itertools.accumulate(map(len, pieces))
-    kept_ends = itertools.islice(ends, 0, None, 2)
-    kept = [text[end - len(piece) : end] for piece, end in zip(pieces[::2], kept_ends)]
+    kept = []
+    at = 0
+    for index, piece in enumerate(pieces):
+        if index % 2 == 0:
+            kept.append(text[at : at + len(piece)])
+        at += len(piece)
     return "".join(kept), "".join(pieces[::2])
 
 
@@ -1162,7 +1187,8 @@ def _suffixes(path):
     """path's whole-component suffixes of up to 16 components."""
     parts = path.split("/")
     first = max(0, len(parts) - 16)
-    return ["/".join(parts[k:]) for k in range(first, len(parts))]
+    starts = range(first, len(parts))
+    return ["/".join(parts[k:]) for k in starts]
 
 
 def _path_index(files):
@@ -1298,14 +1324,16 @@ def _scope(diff, named):
     return range(len(diff.files))
 
 
-def _file_texts(diff, number):
-    """sign -> (all lines, code lines) of that sign in file number, one a line, without their signs."""
+def _file_texts(diff, number, code):
+    """sign -> (all lines, code lines) of that sign in file number, one a line, without their signs; the code lines
+    are '' unless code (a claim that only modifies or only removes never reads them)."""
     lines = "\n".join(diff.lines(number))
     path = diff.path(number)
+    file = diff.files[number]
     texts = {}
-    for sign in "+-":
-        every = _signed_text(lines, sign)
-        texts[sign] = (every, _code_text(every, path))
+    for sign, others in (("+", file["removed"]), ("-", file["added"])):
+        every = _signed_text(lines, sign) if others else _unsigned(lines, sign)  # all of one sign: no search
+        texts[sign] = (every, _code_text(every, path) if code else "")
     return texts
 
 
@@ -1403,9 +1431,10 @@ def code_diff_facts(diff, claim):
     in_scope = [diff.files[number] for number in scope]
     total = _sum_of(diff.files, "added") + _sum_of(diff.files, "removed")
     here = _sum_of(in_scope, "added") + _sum_of(in_scope, "removed")
-    texts = [_file_texts(diff, number) for number in scope]
+    reads_code = _needs_code(claim) or claim.actions == {"remove"}
+    texts = [_file_texts(diff, number, reads_code) for number in scope]
     counts = {"+": _sum_of(in_scope, "added"), "-": _sum_of(in_scope, "removed")}
-    code = {"+": _joined(texts, "+", 1), "-": _joined(texts, "-", 1)}
+    code = {sign: _joined(texts, sign, 1) for sign in "+-"}
     otherwise = _status_change(in_scope)
     moved = {action: _moved(action, counts, code, otherwise) for action in claim.actions}
     needed = _needed_text(claim, texts)
@@ -1413,8 +1442,13 @@ def code_diff_facts(diff, claim):
     back, restored = _removals(claim, texts)
     words_found = bool(claim.words) and not claim.identifiers and _words_found(claim.words, needed)
     deleted, not_deleted = _deletions(diff, claim)
-    return DiffFacts(len(diff.files), len(found), len(claim.paths) - len(found), len(named), total - here, total,
-                     moved, missing, back, restored, words_found, deleted, not_deleted)
+    files = len(diff.files)
+    paths_found = len(found)
+    paths_missing = len(claim.paths) - paths_found
+    named_files = len(named)
+    elsewhere = total - here
+    return DiffFacts(files, paths_found, paths_missing, named_files, elsewhere, total, moved, missing, back, restored,
+                     words_found, deleted, not_deleted)
 
 
 # The checks: each a reason code's rule over (CodeClaim, DiffFacts).
@@ -1474,7 +1508,8 @@ def content_words_missing(claim, facts):
 def action_in_lines(claim, facts):
     """Lines moved as each claimed action needs in the named files (all files when none is named): add and check:
     added code; fix: changed code; modify: any change; remove: removed lines or a deleted file."""
-    return claim.actions and all(state == "code" for state in facts.moved.values())
+    states = set(facts.moved.values())
+    return claim.actions and states == {"code"}
 
 
 def action_only_in_non_code(claim, facts):
@@ -1539,16 +1574,21 @@ CODE_DIFF_CHECKS = (
 _PUBLIC = ("old", "new", "status", "added", "removed", "binary")  # the keys of a file that details show
 
 
+def _public(file):
+    """A file's entry as details show it."""
+    return {key: file[key] for key in _PUBLIC}
+
+
 def _code_diff_details(diff, claimed):
     """details of a code_diff judgement: the first 100 files, the counts, and what the claim names."""
-    files = [{key: file[key] for key in _PUBLIC} for file in diff.files[:100]]
+    files = [_public(file) for file in diff.files[:100]]
     changed = len(diff.files)
     added = _sum_of(diff.files, "added")
     removed = _sum_of(diff.files, "removed")
     paths = claimed.paths[:50]
     identifiers = claimed.identifiers[:50]
     actions = sorted(claimed.actions)
-    return {
+    details = {
         "files": files,
         "files_changed": changed,
         "lines_added": added,
@@ -1557,6 +1597,7 @@ def _code_diff_details(diff, claimed):
         "identifiers": identifiers,
         "actions": actions,
     }
+    return details
 
 
 def judge_code_diff(claim, ev, ev_json=None):
@@ -1720,7 +1761,8 @@ def _literal(tokens, at):
     if token == "-" and following[:1].isdigit():
         value = _whole_number(following)
         return True, value and "-" + value, at + 2
-    if token[:1].isdigit() or token[:1] == "'" and token != _SQL_BAD_STRING:
+    quoted = token[:1] == "'" and token != _SQL_BAD_STRING
+    if token[:1].isdigit() or quoted:
         return True, _whole_number(token.strip("'")), at + 1
     if token.upper() in _LITERAL_WORDS or token.startswith(_SQL_PLACEHOLDERS):
         return True, None, at + 1
@@ -1985,7 +2027,10 @@ def db_op_claim(claim):
     actions = _actions(low, _DB_VERBS)
     writes = actions.classes - {"read"}
     count = _claim_count(low, _DB_VERBS)
-    return DbClaim(_db_action(actions.classes), writes, len(writes) > 1, actions.negated, count, _claimed_ids(low))
+    action = _db_action(actions.classes)
+    conflicting = len(writes) > 1
+    ids = _claimed_ids(low)
+    return DbClaim(action, writes, conflicting, actions.negated, count, ids)
 
 
 class DbFacts(collections.namedtuple("DbFacts", "sql kind delta affected reached counts ids_where matched "
@@ -2033,7 +2078,8 @@ def _claimed_noun(sql, claimed):
 
 def _agrees(sql, pin, noun):
     """Whether a pinned column holds ids of noun: id in the noun's table, noun_id, or nounid (orderId)."""
-    return _pin_noun(sql, pin) == noun or pin[0][1] == noun + "id"
+    column = pin[0][1]
+    return column == noun + "id" or _pin_noun(sql, pin) == noun
 
 
 def _pins_rows(sql, claimed):
@@ -2059,7 +2105,8 @@ def _id_state(sql, claimed):
         return "matched"
     pinned = [pin for pin in sql.pins if pin[2] == "="]
     nouns = {_pin_noun(sql, pin) for pin in pinned} - {None}
-    others = {_pin_noun(sql, pin) for pin in pinned if pin[1] == claimed.value} - {None, noun}
+    same_value = [pin for pin in pinned if pin[1] == claimed.value]
+    others = {_pin_noun(sql, pin) for pin in same_value} - {None, noun}
     if agreeing or others or nouns and _pins_rows(sql, claimed):
         return "mismatched"
     return "unconfirmed"
@@ -2090,12 +2137,19 @@ def db_op_facts(ev, claim):
     if delta is not None and claim.action != "update":  # an update moves no rows in or out
         counts.add(abs(delta))
     counts.discard(None)
-    sql = _NO_SQL if ev.get("operation") is None else sql_facts(ev["operation"])
+    operation = ev.get("operation")
+    sql = _NO_SQL if operation is None else sql_facts(operation)
     plain = sql.where == "plain"
     states = [_id_state(sql, claimed) if plain else "unconfirmed" for claimed in claim.ids]
     pinned = {(claimed.noun, claimed.value) for claimed in claim.ids if _pins_rows(sql, claimed)}
-    return DbFacts(sql, _direction(sql), delta, affected, reached, counts, _ids_where(claim, sql),
-                   states.count("matched"), states.count("mismatched"), states.count("unconfirmed"), len(pinned))
+    direction = _direction(sql)
+    ids_where = _ids_where(claim, sql)
+    matched = states.count("matched")
+    mismatched = states.count("mismatched")
+    unconfirmed = states.count("unconfirmed")
+    rows_pinned = len(pinned)
+    return DbFacts(sql, direction, delta, affected, reached, counts, ids_where, matched, mismatched, unconfirmed,
+                   rows_pinned)
 
 
 # The checks: each a reason code's rule over (DbClaim, DbFacts).
@@ -2236,9 +2290,10 @@ def _db_op_details(claimed, facts):
     """details of a db_op judgement: the claimed action and count, the SQL statement's kind, WHERE shape and pinned
     ids, the row delta and affected_rows."""
     sql = facts.sql
-    pinned = sorted({value for _, value, op in sql.pins if op == "="})[:50]
+    equal = {value for _, value, op in sql.pins if op == "="}
+    pinned = sorted(equal)[:50]
     where = sql.where if sql.where != "not plain" else "not plain: " + sql.why
-    return {
+    details = {
         "claimed_action": claimed.action,
         "sql_kind": sql.kind,
         "row_delta": facts.delta,
@@ -2247,6 +2302,7 @@ def _db_op_details(claimed, facts):
         "where": where,
         "claimed_count": claimed.count,
     }
+    return details
 
 
 def judge_db_op(claim, ev, ev_json=None):
@@ -2313,12 +2369,22 @@ def _file_classes(low, edits):
     return actions
 
 
+def _edits(low, quantities):
+    """The positions of the verbs that stand right before a quantity and change content ('removed 3 lines')."""
+    edits = set()
+    for i, _ in quantities:
+        verb = _FILE_VERBS.get(low[i - 1]) if i else None
+        if verb not in _CHANGE_VERBS:
+            edits.add(i - 1)
+    return edits
+
+
 def file_op_claim(claim):
     """The FileClaim of a claim."""
     toks, low = _words(claim)
     quantities = [(i, _quantity(low, i)) for i in range(len(low))]
     quantities = [(i, found) for i, found in quantities if found]
-    edits = {i - 1 for i, _ in quantities if i and _FILE_VERBS.get(low[i - 1]) not in _CHANGE_VERBS}
+    edits = _edits(low, quantities)
     actions = _file_classes(low, edits)
     classes = actions.classes
     action = next(iter(classes)) if len(classes) == 1 else None
@@ -2504,10 +2570,12 @@ def judge_file_op(claim, ev, ev_json=None):
     paths = facts.paths[:50]
     lines = claimed.lines[:1]
     sizes = claimed.sizes[:1]
+    path = ev["path"]
+    new = ev.get("new_path")
     details = {
         "claimed_action": claimed.action,
-        "path": ev["path"],
-        "new_path": ev.get("new_path"),
+        "path": path,
+        "new_path": new,
         "claimed_paths": paths,
         "claimed_lines": lines,
         "claimed_bytes": sizes,
@@ -2667,7 +2735,8 @@ class ApiClaim(collections.namedtuple("ApiClaim", "intent emails urls ids")):
 def _intent(low):
     """'success', 'failure' or None: a success word (sent, delivered...) states success unless a negation governs it
     ('was not sent': failure); a failure word states failure; both, or neither, state nothing."""
-    negated = [_negated_at(low, i) for i, word in enumerate(low) if word in _OK_WORDS]
+    positions = [i for i, word in enumerate(low) if word in _OK_WORDS]
+    negated = [_negated_at(low, i) for i in positions]
     success = False in negated
     failure = True in negated or not _FAIL_WORDS.isdisjoint(low)
     if success and not failure:
@@ -2864,6 +2933,7 @@ _FAILURE_COUNTER = re.compile(
     r'"(?:failed|failures|failing|errors|errored|error_count|errors_count|failed_count|failure_count'
     r'|failures_count|fail_count|num_failed|num_errors)":(?:"?[1-9]|\[(?!\]))|"(?:failed|failing)":true'
 )
+_COUNTER_NAMES = ('"fail', '"error', '"num_')  # what each of them starts with: a search only where one is
 # a flat object (no object or list inside) with "passed": 0, and its totals above zero
 _ZERO_PASSED = re.compile(r'\{[^{}\[\]]*?"passed":0(?=[,}])[^{}\[\]]*\}')
 _TOTAL_ABOVE_ZERO = re.compile(r'"(?:total|tests|count|ran|run|executed|total_count|num_tests)":"?[1-9]')
@@ -2883,7 +2953,8 @@ def _stated_pair(raw, toks, i):
     token = raw[i]
     if token.endswith(":") and len(token) > 1:
         return token[:-1], toks[i + 1]
-    if _at(raw, i + 2) and raw[i + 1].lower() in _LINKS:
+    link = _at(raw, i + 1).lower()
+    if link in _LINKS and _at(raw, i + 2):
         return toks[i], toks[i + 2]
     if "=" in token.strip("="):
         key, _, value = token.partition("=")
@@ -2909,7 +2980,11 @@ def _stated_values(raw, toks):
 def _said(low, table):
     """[(position, what a word of table says there)] for the words of a claim that the table holds, each flipped by
     a negation before it ('did not enable': off; 'did not pass': failed)."""
-    return [(i, table[word] != _negated_at(low, i)) for i, word in enumerate(low) if word in table]
+    said = []
+    for i, word in enumerate(low):
+        if word in table:
+            said.append((i, table[word] != _negated_at(low, i)))
+    return said
 
 
 def _nearest_state(words, at):
@@ -2926,9 +3001,10 @@ def _claimed_states(low, text, stated):
     words = _said(low, _CLAIM_STATES)
     near = set()
     for i, _ in words:
-        near.update(range(max(0, i - 6), min(len(low), i + 7)))
+        near.update(range(i - 6, i + 7))
     excluded = set(_CLAIM_STATES) | _STOP | set(stated)
-    candidates = [low[j] for j in sorted(near) if low[j] not in excluded and _key_like(low[j])]
+    nearby = [low[j] for j in sorted(near) if 0 <= j < len(low)]
+    candidates = [word for word in nearby if word not in excluded and _key_like(word)]
     first = list(dict.fromkeys(candidates))[:32]
     keys = [word for word in first if '"%s":' % word in text]
     return {key: _nearest_state(words, low.index(key)) for key in keys}
@@ -2983,7 +3059,7 @@ def _values_text(text):
     starts with ':'. There, one pass takes every string whole from the first quote on instead (a key goes with its
     ':', any other string stays). Each character is read at most twice either way."""
     masked = text.replace("\\\\", "\x01").replace('\\"', "\x02")
-    colon_first = any(start in text for start in _COLON_STRING_STARTS) or text.startswith('":')
+    colon_first = text.startswith('":') or any(start in text for start in _COLON_STRING_STARTS)
     if colon_first:
         masked = _STRING_OR_KEY.sub(r"\1 ", masked)
     else:
@@ -3003,7 +3079,9 @@ class GenericClaim(collections.namedtuple("GenericClaim", "low entities stated o
 
 def _entity(token):
     """Whether a token is an email, URL, path or identifier."""
-    return bool(_email(token) or _url(token) or _pathish(token) or _identifier(token))
+    if _email(token) or _url(token):
+        return True
+    return _pathish(token) or bool(_identifier(token))
 
 
 def _entities(toks):
@@ -3012,8 +3090,9 @@ def _entities(toks):
     numbers = [n for n in map(_number, toks) if n is not None and n >= 10]
     entities = set(map(_es_number, numbers))
     for token in toks:
-        if _number(token) is None and token.lower() not in ("true", "false", "null") and _entity(token):
-            entities.add(token.lower())
+        word = token.lower()
+        if word not in ("true", "false", "null") and _number(token) is None and _entity(token):
+            entities.add(word)
     return entities
 
 
@@ -3062,7 +3141,8 @@ def _matched_entities(entities, text):
 def _counters_fail(text):
     """Whether failure counters in the evidence report a failure: a counter of failures above zero anywhere, or
     passed: 0 beside a total above zero in the same (flat) object."""
-    if _FAILURE_COUNTER.search(text):
+    named = any(name in text for name in _COUNTER_NAMES)
+    if named and _FAILURE_COUNTER.search(text):
         return True
     if '"passed":0' not in text:
         return False
@@ -3099,8 +3179,12 @@ def generic_facts(ev, ev_json, claim):
     states = _claimed_states(claim.low, text, claim.stated)
     keys = _STATUS_KEYS.union(claim.stated, states, _FLAG_KEYS)
     values = _evidence_values(text, keys)
-    value_results = [_value_code(claimed, values.get(key, [])) for key, claimed in claim.stated.items()]
-    state_results = [_state_result(state, values.get(key, ())) for key, state in states.items()]
+    value_results = []
+    for key, claimed in claim.stated.items():
+        value_results.append(_value_code(claimed, values.get(key, [])))
+    state_results = []
+    for key, state in states.items():
+        state_results.append(_state_result(state, values.get(key, ())))
     entities = _matched_entities(claim.entities, text)
     return GenericFacts(entities, value_results, state_results, _reported(values, claim.stated, text))
 
@@ -3186,7 +3270,9 @@ def judge_generic(claim, ev, ev_json=None):
 
 def _is_count(value):
     """Whether value is a count: an integer (not a bool) from 0 to BOUNDS' count_max."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= BOUNDS["count_max"]
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return 0 <= value <= BOUNDS["count_max"]
 
 
 def _is_text(value):
@@ -3242,6 +3328,11 @@ EVIDENCE = {  # kind -> ({field: (type check, length bound)}, groups of fields: 
 }
 
 
+def _has_all(ev, fields):
+    """Whether the evidence has each of fields (null is absent)."""
+    return all(ev.get(field) is not None for field in fields)
+
+
 def check_evidence(kind, ev):
     """A code when the evidence cannot be judged as kind (evidence_invalid: a field of the wrong type;
     evidence_too_large: beyond its bound; evidence_missing_fields: no complete group), else None. A null field is
@@ -3253,7 +3344,7 @@ def check_evidence(kind, ev):
             return "evidence_invalid"
         if bound and isinstance(value, str) and len(value) > BOUNDS[bound]:
             return "evidence_too_large"
-    complete = any(all(ev.get(field) is not None for field in group) for group in groups)
+    complete = [group for group in groups if _has_all(ev, group)]
     return None if complete else "evidence_missing_fields"
 
 
@@ -3277,11 +3368,18 @@ _SHAPES = (  # dispatch by evidence shape, in this order
     ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
     ("api_call", ("request", "response_status", "response_body")),
 )
-DISPATCH = (
-    ["the kind field, case-insensitive"]
-    + ["any of %s -> %s" % (", ".join(fields), kind) for kind, fields in _SHAPES]
-    + ["otherwise generic (operation alone never selects db_op)"]
-)
+
+
+def _dispatch_order():
+    """The order in which a request's kind is chosen, as /rules states it."""
+    order = ["the kind field, case-insensitive"]
+    for kind, fields in _SHAPES:
+        order.append("any of %s -> %s" % (", ".join(fields), kind))
+    order.append("otherwise generic (operation alone never selects db_op)")
+    return order
+
+
+DISPATCH = _dispatch_order()
 
 
 def dispatch_kind(evidence, kind=None):
@@ -3323,9 +3421,12 @@ def _vocabulary():
         for test, code, effect in table:
             kinds.setdefault(code, []).append(kind)
             rows.setdefault(code, (test, effect))
-    reasons = {code: Reason("any", effect, meaning) for code, (effect, meaning) in GENERAL_CODES.items()}
+    reasons = {}
+    for code, (effect, meaning) in GENERAL_CODES.items():
+        reasons[code] = Reason("any", effect, meaning)
     for code, (test, effect) in rows.items():
-        reasons[code] = Reason(", ".join(kinds[code]), effect, _meaning(test))
+        kind = ", ".join(kinds[code])
+        reasons[code] = Reason(kind, effect, _meaning(test))
     return reasons
 
 
@@ -3371,7 +3472,8 @@ def judge(kind, claim, evidence, evidence_json=None):
     (verifier_error). evidence_json: the evidence's canonical text, if the caller has it (generic reads it instead
     of re-encoding)."""
     signals, details = _signals(kind, claim, evidence, evidence_json)
-    codes = list(dict.fromkeys(signal.code for signal in signals)) or ["no_signal"]
+    distinct = dict.fromkeys(signal.code for signal in signals)
+    codes = list(distinct) or ["no_signal"]
     verdict = decide(signals)
     return Judgement(kind, signals, codes, details, verdict, confidence(verdict, signals))
 
@@ -3422,8 +3524,19 @@ def _key_bytes(field):
 
 def _kid_ok(kid):
     """Whether kid is a key id: at most 64 ASCII letters, digits, '-', '_' and '.'."""
-    letters = kid.translate(_KID_PUNCTUATION)
-    return kid.isascii() and letters.isalnum() and len(kid) <= 64
+    if not kid.isascii() or len(kid) > 64:
+        return False
+    return kid.translate(_KID_PUNCTUATION).isalnum()
+
+
+def _key_pair(fields):
+    """(kid, key) of the fields of a key-ring line, or None unless they are a kid and a key of at least 32 bytes."""
+    if len(fields) != 2 or not _kid_ok(fields[0]):
+        return None
+    key = _key_bytes(fields[1])
+    if len(key) < 32:
+        return None
+    return fields[0], key
 
 
 class KeyRing(object):
@@ -3444,12 +3557,10 @@ class KeyRing(object):
             fields = line.split("#", 1)[0].split()
             if not fields:
                 continue
-            kid = fields[0]
-            key = _key_bytes(fields[1]) if len(fields) == 2 else b""
-            known = kid in dict(pairs)
-            if len(key) < 32 or not _kid_ok(kid) or known:
+            pair = _key_pair(fields)
+            if pair is None or pair[0] in dict(pairs):
                 raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % number)
-            pairs.append((kid, key))
+            pairs.append(pair)
         if pairs or not allow_empty:
             return cls(pairs)
         return None
@@ -3464,8 +3575,8 @@ class KeyRing(object):
         """The signature field of a receipt body (without signature) under key kid. A receipt body is small, and
         carries a version string json.dumps text could be misread by: _jcs writes it directly."""
         text = _jcs(body).encode("utf-8")
-        digest = hmac.new(self.keys[kid], text, hashlib.sha256).digest()
-        return "hmac-sha256:" + _b64url(digest)
+        mac = hmac.new(self.keys[kid], text, hashlib.sha256)
+        return "hmac-sha256:" + _b64url(mac.digest())
 
 
 def _signals_json(signals):
