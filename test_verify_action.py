@@ -836,12 +836,13 @@ class Decision(unittest.TestCase):
     def test_vocabulary_is_closed_and_documented(self):
         rules = va.rules_document()["reason_codes"]
         self.assertEqual(set(rules), set(va.REASONS))
-        for code, (kind, effect, meaning) in va.REASONS.items():
+        for code, (kind, effect, meaning, summary) in va.REASONS.items():
             self.assertRegex(code, r"^[a-z][a-z0-9_]*$")
             self.assertTrue(kind == "any" or set(kind.split(", ")) <= set(va.KINDS), (code, kind))
             self.assertIn(effect, va.EFFECTS + ("none",))
             self.assertTrue(meaning.endswith("."), code)
-            self.assertEqual(rules[code], {"kind": kind, "effect": effect, "meaning": meaning})
+            self.assertEqual(rules[code], {"kind": kind, "effect": effect, "meaning": meaning, "summary": summary})
+            self.assertTrue(summary.endswith(".") and len(summary) < len(meaning) + 1 and "(" not in summary, code)
 
 
 class StrictJson(unittest.TestCase):
@@ -1331,17 +1332,22 @@ class PeerFailures(unittest.TestCase):
 
     def test_8_false_verified_now_right(self):
         self.assertEqual(judge("Fixed a.py", {"diff": D_DATA}), (C, ["path_not_in_diff", "action_matches_lines"]))
-        self.assertNotEqual(judge("Added rate limiting to src/user.py", {"diff": D_PRINT})[0], V)
+        self.assertEqual(judge("Added rate limiting to src/user.py", {"diff": D_PRINT}),
+                         (I, ["path_in_diff", "content_words_absent", "action_matches_lines"]))
         self.assertEqual(judge("Created report.txt", {"path": "/tmp/other.txt", "exists_before": False,
-                                                      "exists_after": True})[0], C)
-        self.assertNotEqual(judge("Updated user 5", {"affected_rows": 0, "before_count": 3, "after_count": 3,
-                                                     "operation": "UPDATE users SET a = 1 WHERE id = 5"})[0], V)
+                                                      "exists_after": True}), (C, ["path_mismatch", "existence_matches"]))
+        self.assertEqual(judge("Updated user 5", {"affected_rows": 0, "before_count": 3, "after_count": 3,
+                                                  "operation": "UPDATE users SET a = 1 WHERE id = 5"}),
+                         (I, ["sql_kind_matches", "row_delta_matches", "affected_rows_zero", "sql_identifier_matches"]))
 
     def test_9_false_contradicted_now_right(self):
-        self.assertEqual(judge("Added `retry_count` to app/config.py", {"diff": D_PLAIN})[0], V)
-        self.assertEqual(judge("Deleted 10 stale sessions", DB_OP[0][1])[0], V)
-        self.assertEqual(judge("Sent the welcome email to bob@example.com", API_CALL[0][1])[0], V)
-        self.assertNotEqual(judge("Deployed version 2", {"result": "ok", "env": "prod"})[0], C)
+        self.assertEqual(judge("Added `retry_count` to app/config.py", {"diff": D_PLAIN}),
+                         (V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]))
+        self.assertEqual(judge("Deleted 10 stale sessions", DB_OP[0][1]),
+                         (V, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "count_matches"]))
+        self.assertEqual(judge("Sent the welcome email to bob@example.com", API_CALL[0][1]),
+                         (V, ["status_matches_claim", "target_matches"]))
+        self.assertEqual(judge("Deployed version 2", {"result": "ok", "env": "prod"}), (I, ["no_signal"]))
 
     def test_5_receipts_hash_the_original_request(self):
         long_claim = "Deleted 10 stale sessions " + "x" * 8000
@@ -1579,6 +1585,9 @@ TABLE_DB_OP = [
     # negated and reversed claims
     ("Rolled back the deletion of user 42", rows("DELETE FROM users WHERE id = 42"), I,
      ["claim_negated", "sql_identifier_matches"]),
+    ("No user was deleted", rows("DELETE FROM users WHERE id = 42"), I, ["claim_negated"]),
+    ("No rows were deleted for user 42", rows("DELETE FROM sessions WHERE user_id = 42"), I,
+     ["claim_negated", "sql_identifier_matches"]),
     ("Did not delete user 42", rows("DELETE FROM users WHERE id = 42"), I,
      ["claim_negated", "sql_identifier_matches"]),
     ("Skipped deleting user 42", rows("DELETE FROM users WHERE id = 42"), I, ["claim_negated", "sql_identifier_matches"]),
@@ -1704,6 +1713,7 @@ TABLE_CODE_DIFF = [
     ("Did not add rate limiting to src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
     ("Didn't add rate limiting to src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
     ("Never implemented rate limiting in src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Did not actually add rate limiting to src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
     ("Added rate limiting to src/api.py without changing the API", D_LIMITER, V, PATH_ACTION),
     ("Added an undo button to src/ui.py", one_file("src/ui.py", " x", "+undo_button = Button('undo')"), V,
      PATH_ACTION),
@@ -2028,7 +2038,7 @@ class Signals(unittest.TestCase):
 
     def test_rules_state_the_functions_this_module_implements(self):
         self.assertEqual((RULES["decision"], RULES["confidence"]), (RULES_DECISION, RULES_CONFIDENCE))
-        self.assertIn("unsafe for evidence_invalid, evidence_too_large and verifier_error", RULES["signals"])
+        self.assertIn("evidence_invalid, evidence_too_large and verifier_error (unsafe", RULES["signals"])
         self.assertEqual({r["effect"] for r in RULES["reason_codes"].values()},
                          {"positive", "negative", "critical", "unsafe", "none"})
         unsafe = {code for code, r in RULES["reason_codes"].items() if r["effect"] == "unsafe"}

@@ -76,19 +76,22 @@ class Signal(collections.namedtuple("Signal", "code effect count")):
         return {"code": self.code, "effect": self.effect, "count": self.count}
 
 
-def _sum_of_counts(signals, effect):
-    """The counts of the signals of one effect, added up (P for positive, N for negative)."""
-    return sum(signal.count for signal in signals if signal.effect == effect)
+def _tally(signals):
+    """effect -> the counts of the signals of that effect, added up (P: positive, N: negative)."""
+    totals = dict.fromkeys(EFFECTS, 0)
+    for signal in signals:
+        totals[signal.effect] += signal.count
+    return totals
 
 
 def decide(signals):
     """The verdict DECISION gives a list of signals."""
-    effects = {signal.effect for signal in signals}
-    positives = _sum_of_counts(signals, POSITIVE)
-    negatives = _sum_of_counts(signals, NEGATIVE)
-    if UNSAFE in effects:
+    totals = _tally(signals)
+    positives = totals[POSITIVE]
+    negatives = totals[NEGATIVE]
+    if totals[UNSAFE]:
         return "unsafe_to_verify"
-    if CRITICAL in effects:
+    if totals[CRITICAL]:
         return "contradicted"
     if not negatives and positives >= 2:
         return "verified"
@@ -99,12 +102,12 @@ def decide(signals):
 
 def confidence(verdict, signals):
     """The confidence CONFIDENCE gives verdict over the signals it was decided from."""
-    positives = _sum_of_counts(signals, POSITIVE)
-    negatives = _sum_of_counts(signals, NEGATIVE)
-    critical = any(signal.effect == CRITICAL for signal in signals)
+    totals = _tally(signals)
+    positives = totals[POSITIVE]
+    negatives = totals[NEGATIVE]
     if verdict == "verified":
         score = min(0.95, 0.6 + 0.1 * (positives - 2))
-    elif verdict == "contradicted" and critical:
+    elif verdict == "contradicted" and totals[CRITICAL]:
         score = 0.9
     elif verdict == "contradicted":
         score = min(0.9, 0.6 + 0.1 * (negatives - 2))
@@ -300,11 +303,13 @@ def run_checks(table, claim, evidence):
     """The signals of a table's rows over the claim's and the evidence's facts, in table order."""
     signals = []
     for test, code, effect in table:
-        count = int(test(claim, evidence) or 0)
-        if count and code in ALONE:
-            return [Signal(code, effect, count)]
-        if count:
-            signals.append(Signal(code, effect, count))
+        count = test(claim, evidence)
+        if not count:
+            continue
+        signal = Signal(code, effect, int(count))
+        if code in ALONE:
+            return [signal]
+        signals.append(signal)
     return signals
 
 
@@ -371,6 +376,7 @@ _NEGATION = _NOT | _word_set("no nothing none neither nor without failed")  # be
 _REVERSALS = _word_set("skip skips skipped skipping revert reverts reverted reverting undid undo undoes undoing "
                        "rollback")
 _REVERSAL_PAIRS = frozenset([("rolled", "back"), ("roll", "back"), ("rolling", "back"), ("backed", "out")])
+_REVERSAL_WORDS = _REVERSALS | {first for first, _ in _REVERSAL_PAIRS}  # a claim without them reverses nothing
 _ARTICLES = ("the", "a", "an", "file")
 _PREPOSITIONS = _word_set("for of from by in under within belonging owned")  # 'sessions of user 42'
 _VERB_SUFFIXES = ("s", "es", "d", "ed", "ing")
@@ -514,6 +520,8 @@ def _camel(word):
 
 def _identifier(tok, explicit=False):
     """tok if it is a dotted, snake_case or camelCase identifier (any word when explicit: backticked), else None."""
+    if not explicit and tok.isalpha() and not _camel(tok):
+        return None  # a plain word
     parts = tok.split(".")
     if not all(map(_name_part, parts)):
         return None
@@ -673,9 +681,9 @@ def _id_at(low, i):
         return "", _id_value(token[1:]), 1
     if token[:3] in ("id=", "id:") and _id_value(token[3:]):
         return "", _id_value(token[3:]), 1
-    noun = _id_noun(token)
     value = _id_value(_at(low, i + 1))
-    if noun is None or value is None:
+    noun = _id_noun(token) if value else None  # a name is judged only where a number follows it
+    if noun is None:
         return None
     return noun, value, 2
 
@@ -727,6 +735,8 @@ def _negated_at(low, i):
 def _reversed(low):
     """Whether the claim reverses or skips its action: skipped, reverted, undid, undo, rolled back, backed out
     (a reversal word after an article names a thing: 'an undo button')."""
+    if _REVERSAL_WORDS.isdisjoint(low):
+        return False
     pairs = list(zip([""] + low[:-1], low))  # (the word before, each word)
     for before, word in pairs:
         if word in _REVERSALS and before not in _ARTICLES:
@@ -774,11 +784,10 @@ class EvidenceTooLarge(ValueError):
     """A rule stopped at a bound (BOUNDS) of its kind: the verdict is unsafe_to_verify (evidence_too_large)."""
 
 
-# The lines a diff's structure is read from, each kind of line a group (in _DIFF_LINE_READERS' order); hunk bodies
-# are skipped by their counts, other lines by this search.
+# The lines a diff's structure is read from; hunk bodies are skipped by their counts, other lines by this search.
 _DIFF_HEADER = re.compile(
-    r"^(?:(diff --git )|(--- )|(\+\+\+ )|(@@ )|(new file mode)|(deleted file mode)|(rename from )|(rename to )"
-    r"|(GIT binary patch)|(Binary files ))[^\n]*",
+    r"^(?:diff --git |--- |\+\+\+ |@@ |new file mode|deleted file mode|rename from |rename to |GIT binary patch"
+    r"|Binary files )[^\n]*",
     re.M,
 )
 # The end of a run of lines a hunk may hold (added, removed, context, "\ No newline at end of file", and blank lines:
@@ -931,7 +940,7 @@ class _DiffReader(object):
                 return self.files, self.changed, self.spans
             self.at = match.end() + 1
             line = match.group().rstrip("\r")
-            reader = _DIFF_LINE_READERS[match.lastindex - 1]  # the group that matched names the kind of line
+            reader = _DIFF_LINE_READERS[line[:3]]  # its first three characters name the kind of line
             reader(self, line)
             if len(self.files) > BOUNDS["diff_files"]:
                 break
@@ -992,14 +1001,13 @@ class _DiffReader(object):
         if self.current is not None:
             self.current["status"] = "added" if line[0] == "n" else "deleted"
 
-    def rename_from_line(self, line):
-        """'rename from x': the old path of a rename."""
-        if self.current is not None:
+    def rename_line(self, line):
+        """'rename from x' or 'rename to y': a path of a rename."""
+        if self.current is None:
+            return
+        if line.startswith("rename from "):
             self.current.update(status="renamed", old=line[12:])
-
-    def rename_to_line(self, line):
-        """'rename to y': the new path of a rename."""
-        if self.current is not None:
+        else:
             self.current.update(status="renamed", new=line[10:])
 
     def binary_patch_line(self, line):
@@ -1018,18 +1026,17 @@ class _DiffReader(object):
         self.git_header = False
 
 
-_DIFF_LINE_READERS = (  # how each kind of structure line is read, in the order of _DIFF_HEADER's groups
-    _DiffReader.git_line,  # diff --git
-    _DiffReader.minus_line,  # ---
-    _DiffReader.plus_line,  # +++
-    _DiffReader.hunk_line,  # @@
-    _DiffReader.mode_line,  # new file mode
-    _DiffReader.mode_line,  # deleted file mode
-    _DiffReader.rename_from_line,
-    _DiffReader.rename_to_line,
-    _DiffReader.binary_patch_line,  # GIT binary patch
-    _DiffReader.binary_files_line,  # Binary files ... differ
-)
+_DIFF_LINE_READERS = {  # the first three characters of a structure line -> how it is read
+    "dif": _DiffReader.git_line,  # diff --git
+    "---": _DiffReader.minus_line,
+    "+++": _DiffReader.plus_line,
+    "@@ ": _DiffReader.hunk_line,
+    "new": _DiffReader.mode_line,  # new file mode
+    "del": _DiffReader.mode_line,  # deleted file mode
+    "ren": _DiffReader.rename_line,  # rename from, rename to
+    "GIT": _DiffReader.binary_patch_line,  # GIT binary patch
+    "Bin": _DiffReader.binary_files_line,  # Binary files ... differ
+}
 
 
 def parse_diff(text):
@@ -1131,6 +1138,8 @@ def _is_prose(path):
 def _code_text(text, path):
     """The code of text (a file's added or removed lines): without placeholders (TODO, not implemented) and the rest
     of their lines and, unless the file is prose, without comments, docstrings and string-only lines."""
+    if not text:
+        return ""
     text = "\n" + text
     if not _is_prose(path):
         text = _COMMENT_LINE.sub("\n", _without_blocks(text))
@@ -1430,10 +1439,11 @@ def code_diff_facts(diff, claim):
     scope = _scope(diff, named)
     in_scope = [diff.files[number] for number in scope]
     total = _sum_of(diff.files, "added") + _sum_of(diff.files, "removed")
-    here = _sum_of(in_scope, "added") + _sum_of(in_scope, "removed")
-    reads_code = _needs_code(claim) or claim.actions == {"remove"}
-    texts = [_file_texts(diff, number, reads_code) for number in scope]
     counts = {"+": _sum_of(in_scope, "added"), "-": _sum_of(in_scope, "removed")}
+    here = counts["+"] + counts["-"]
+    reads_code = _needs_code(claim) or claim.actions == {"remove"}
+    reads_lines = reads_code or claim.identifiers or claim.words
+    texts = [_file_texts(diff, number, reads_code) for number in scope] if reads_lines else []
     code = {sign: _joined(texts, sign, 1) for sign in "+-"}
     otherwise = _status_change(in_scope)
     moved = {action: _moved(action, counts, code, otherwise) for action in claim.actions}
@@ -1476,7 +1486,7 @@ def no_path_in_diff(claim, facts):
 
 def identifiers_in_lines(claim, facts):
     """Every identifier the claim names is in the changed lines its action needs (add, check: added; remove: removed;
-    else either), as code for an add, check or fix claim; for a remove claim, none comes back in added code."""
+    else either): as code for an add, check or fix claim, and for a remove claim none comes back in added code."""
     back = facts.identifiers_back or facts.identifiers_restored
     return claim.identifiers and not facts.identifiers_missing and not back
 
@@ -1987,7 +1997,7 @@ def _first_statement(tokens):
 def sql_facts(sql):
     """The SqlFacts of an SQL operation (its first statement; comments before it are skipped)."""
     statement, more = _first_statement(sql_tokens(sql))
-    upper = [token.upper() for token in statement]
+    upper = list(map(str.upper, statement))
     at = _kind_keyword(upper)
     kind = _statement_kind(upper, at)
     if kind is None:
@@ -2767,12 +2777,13 @@ def _target_results(claim, emails, urls, rows):
     results = []
     for email in claim.emails:
         results.append(_result(email in emails, emails))
-    hosts = set(_column(urls, 0))
-    for host, path in claim.urls:  # a claimed bare host matches any path on it
+    bare = [host for host, path in claim.urls if not path]
+    hosts = set(_column(urls, 0)) if bare else set()  # the request's hosts, for a claimed bare host: any path on it
+    for host, path in claim.urls:
         hit = (host, path) in urls or not path and host in hosts
         results.append(_result(hit, urls))
-    names = set(_column(rows, 0))
-    numbers = set(_column(rows, 1))
+    names = set(_column(rows, 0)) if claim.ids else set()  # the request's ids can be 100,000
+    numbers = set(_column(rows, 1)) if claim.ids else set()
     for noun, value in claim.ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
         if not noun:
             results.append(_result(value in numbers, rows))
@@ -3401,9 +3412,9 @@ GENERAL_CODES = {  # code -> (effect, meaning): the codes no kind's table holds
 }
 
 
-class Reason(collections.namedtuple("Reason", "kind effect meaning")):
+class Reason(collections.namedtuple("Reason", "kind effect meaning summary")):
     """A reason code of the closed vocabulary: the kinds whose tables hold it ('any' for a general code), its effect,
-    and what it means (its check's docstring)."""
+    what it means (its check's docstring), and that in short (for a response's reasoning)."""
 
     __slots__ = ()
 
@@ -3411,6 +3422,16 @@ class Reason(collections.namedtuple("Reason", "kind effect meaning")):
 def _meaning(test):
     """A check's docstring on one line: the meaning of its code."""
     return " ".join(test.__doc__.split())
+
+
+_ASIDE = re.compile(r"\s*\([^()]*\)")  # a meaning's words in parentheses
+
+
+def _summary(meaning):
+    """A meaning in short: without its words in parentheses, and up to its first ': '."""
+    plain = _ASIDE.sub("", meaning)
+    head = plain.split(": ", 1)[0]
+    return head.rstrip(".") + "."
 
 
 def _vocabulary():
@@ -3423,10 +3444,11 @@ def _vocabulary():
             rows.setdefault(code, (test, effect))
     reasons = {}
     for code, (effect, meaning) in GENERAL_CODES.items():
-        reasons[code] = Reason("any", effect, meaning)
+        reasons[code] = Reason("any", effect, meaning, _summary(meaning))
     for code, (test, effect) in rows.items():
         kind = ", ".join(kinds[code])
-        reasons[code] = Reason(kind, effect, _meaning(test))
+        meaning = _meaning(test)
+        reasons[code] = Reason(kind, effect, meaning, _summary(meaning))
     return reasons
 
 
@@ -3916,10 +3938,12 @@ TOOL = {
 }
 SIGNALS_DOC = (
     "Each response and receipt carries signals: [{code, effect, count}], one for each check that fired, in the "
-    "order of its kind's table (checks). effect is positive, negative or critical, or unsafe for evidence_invalid, "
-    "evidence_too_large and verifier_error, whose judgement stopped before any check ran; count is how often the "
-    "check fired (once, or once for each entity it found). reason_codes lists the distinct codes of signals in "
-    "order, or no_signal alone when signals is empty. decision and confidence are functions of signals alone."
+    "order of its kind's table (checks; a check marked alone that fires is the only one), or the one signal of "
+    "evidence that could not be judged: evidence_missing_fields (negative), or evidence_invalid, evidence_too_large "
+    "and verifier_error (unsafe: nothing was judged). effect is positive, negative or critical, and unsafe for those "
+    "three codes only; count is how often the check fired (once, or once for each entity it found). reason_codes "
+    "lists the distinct codes of signals in order, or no_signal alone when signals is empty. The verdict and the "
+    "confidence are the functions decision and confidence of signals alone."
 )
 
 
@@ -4096,9 +4120,9 @@ class Service(object):
         self.count("verifications")
         self.count("by_kind", kind)
         self.count("by_verdict", verdict)
-        meanings = " ".join(REASONS[code].meaning for code in judgement.codes)
+        meanings = " ".join(REASONS[code].summary for code in judgement.codes)
         legacy = LEGACY[verdict]
-        signals = _signals_json(judgement.signals)
+        signals = receipt["signals"]  # as the receipt signs them
         reasoning = "%s (%s): %s" % (verdict, kind, meanings)
         verifier = kind + "_v1"
         response = {
