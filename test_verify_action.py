@@ -2279,6 +2279,7 @@ def word_by_word(body):
     before it, in its sentence) is a failure; else any success word is a success."""
     words = re.findall(r"[a-z0-9_']+|[.!?;\n]", body.lower().replace("\u2019", "'"))
     kind = [va._BODY_CLASSES.get(word, "w") for word in words]
+    kind = ["." if word in ("!", "?", ";", "\n") else k for word, k in zip(words, kind)]
     i = 0
     while i < len(kind) - 1:  # 'no errors', '0 failed', 'failed 0': neither word counts
         if kind[i] in "Z0" and kind[i + 1] == "F" or kind[i] == "F" and kind[i + 1] == "0":
@@ -2304,6 +2305,17 @@ class TextBodies(unittest.TestCase):
         for _ in range(20000):
             body = " ".join(rng.choice(bits) for _ in range(rng.randint(0, 10)))
             self.assertEqual(va._text_outcome(body), word_by_word(body), body)
+
+    def test_text_body_words_are_the_patterns_words(self):
+        # the byte table splits as the pattern [a-z0-9_']+|[.!?;\n] does on the lower-case text, sentence ends all '.'
+        rng = __import__("random").Random(11)
+        bits = ["a", "Z", "_", "'", "\u2019", "0", ".", "!", "?", ";", "\n", " ", "\t", "-", "\u212a", "\u0130", "\u00e9",
+                "\U0001f600", "\ud800", "\u00a0", "\x00", "\x7f", "\u2028", "OK", "sent"]
+        for _ in range(20000):
+            body = "".join(rng.choice(bits) for _ in range(rng.randint(0, 12)))
+            words = re.findall(r"[a-z0-9_']+|[.!?;\n]", body.lower().replace("\u2019", "'"))
+            want = ["." if word in ("!", "?", ";", "\n") else word for word in words]
+            self.assertEqual(va._body_words(body), want, repr(body))
 
     def test_json_bodies_at_any_depth(self):
         cases = [({"a": [{"b": {"c": [{"status": "FAILED"}]}}]}, "failure"), ({"x": {"state": "ok"}}, "success"),

@@ -2602,9 +2602,25 @@ _MEMBER = re.compile(r'(?<!\\)"([^"\\]{1,64})": ("[^"\\]*(?:\\.[^"\\]*)*"|\[[^\[
 # A path's segment and the next, when that is a number (paths one a line). A segment is tried only where one starts:
 # tried inside one too, a segment with no '/' after it took time quadratic in its length.
 _PATH_ID = re.compile(r"(?<![^/\n])([^/\n]*)/(?=([0-9]{1,18})(?:[/\n]|\Z))")
-# A text body's words by what they say (spec section 10): S a success word, F a failure word, N a negation, Z a
-# 'no' (no, none, without...), 0 the number zero, '.' a sentence's end, w any other word.
-_BODY_WORD = re.compile(r"[a-z0-9_']+|[.!?;\n]")
+# A text body's words: runs of [a-z0-9_'] in its lower-case text, and each sentence end (. ! ? ; or a line break) as
+# a word '.'. Its UTF-8 bytes are translated by a table (word bytes kept, ends to '.', any other to a space) and split.
+_BODY_WORD_BYTES = b"abcdefghijklmnopqrstuvwxyz0123456789_'"
+_BODY_END_BYTES = b".!?;\n"
+
+
+def _body_byte(byte):
+    """What a byte of a text body's lower-case UTF-8 is translated to: itself in a word, '.' at a sentence's end,
+    else a space."""
+    if byte in _BODY_WORD_BYTES:
+        return byte
+    if byte in _BODY_END_BYTES:
+        return ord(".")
+    return ord(" ")
+
+
+_BODY_BYTES = bytes(map(_body_byte, range(256)))
+# The words by what they say (spec section 10): S a success word, F a failure word, N a negation, Z a 'no' (no,
+# none, without...), 0 the number zero, '.' a sentence's end, w any other word.
 _BODY_SUCCESS = _STATUS_OK | {"posted", "successfully"}
 _BODY_FAILURE = _STATUS_FAIL | _word_set("errors errored failing fails refused exceeded declined unable undeliverable "
                                          "unsuccessful timeout")
@@ -2612,7 +2628,7 @@ _BODY_NEGATION = _word_set("not never cannot can't couldn't didn't doesn't don't
                            "hasn't haven't hadn't shouldn't aren't neither nor")
 _BODY_NO = _word_set("no none nothing without zero")
 _BODY_WORDS = {"S": _BODY_SUCCESS, "F": _BODY_FAILURE, "N": _BODY_NEGATION, "Z": _BODY_NO, "0": {"0"},
-               ".": {".", "!", "?", ";", "\n"}}  # class -> its words
+               ".": {"."}}  # class -> its words
 _BODY_CLASSES = {word: cls for cls, words in _BODY_WORDS.items() for word in words}
 _NO_FAILURE = re.compile(r"[Z0]F|F0")  # 'no errors', '0 failed', 'failed: 0' report no failure
 _GOVERNED_SUCCESS = re.compile(r"[NZ][^.]{0,2}S")  # a success word within three words after a negation, in a sentence
@@ -2630,12 +2646,19 @@ _JSON_FAILURE = re.compile(
 _JSON_SUCCESS = re.compile(_OUTCOME_KEYS + '"(?:%s)"|"(?:ok|success)":true' % _SUCCEEDED)
 
 
+def _body_words(text):
+    """The words of a text body (see _BODY_BYTES), a typographic apostrophe read as '."""
+    low = text.lower().replace("\u2019", "'").encode("utf-8", "surrogatepass")
+    spaced = low.translate(_BODY_BYTES).replace(b".", b" . ")
+    return spaced.decode("ascii").split()
+
+
 def _text_outcome(text):
     """'failure', 'success' or None for a text body: a failure word (failed, error, rejected, bounced, refused,
     denied, quota exceeded...) unless a 'no' or 0 stands beside it, or a success word that a negation governs in its
     sentence (not, never, no, could not, cannot, unable to, n't ... within three words before it), is a failure;
     else a success word is a success."""
-    words = _BODY_WORD.findall(text.lower().replace("\u2019", "'"))
+    words = _body_words(text)
     classes = "".join(map(_BODY_CLASSES.get, words, itertools.repeat("w")))
     classes = _NO_FAILURE.sub("ww", classes)
     if "F" in classes or _GOVERNED_SUCCESS.search(classes):
