@@ -1052,14 +1052,20 @@ def parse_diff(text):
 _BLOCK_OPENER = re.compile(r"\n[ \t]*[rRbBuU]?(\"\"\"|'''|/\*|<!--)")
 _BLOCK_CLOSER = {'"""': '"""', "'''": "'''", "/*": "*/", "<!--": "-->"}
 _MAX_BLOCKS = 2000
-# A whole line that is a comment or only a string (a one-line docstring). '#' lines are comments except C's
-# preprocessor lines and Rust's attributes; '--' is a comment before a space, '*' (inside a block comment) before a
-# space or '/', ';' before a space or another ';' (C's '--i', '*p = 1' and JavaScript's ';(f)()' are code).
-_COMMENT_LINE = re.compile(
-    r"\n[ \t]*(?:#(?!\[|[ \t]*(?:include|define|undef|if|ifdef|ifndef|elif|else|endif|pragma|error|import)\b)"
-    r"|//|--(?![^ \t\n])|\*(?![^ \t\n/])|;(?![^ \t\n;])|<!--|-->"
-    r"|[rRbBuU]?(?:\"[^\"\n]*\"|'[^'\n]*')[ \t]*(?![^\n]))[^\n]*"
+# A whole line that is a comment or only a string (a one-line docstring). '#' lines are comments, except the
+# preprocessor lines and attributes of the languages that have them (_HASH_CODE: '#include', '#  if X', Rust's
+# '#[derive]'; elsewhere '# if x:' is a comment); '--' is a comment before a space, '*' (inside a block comment)
+# before a space or '/', ';' before a space or another ';' (C's '--i', '*p = 1' and JavaScript's ';(f)()' are code).
+_OTHER_COMMENTS = (
+    r"//|--(?![^ \t\n])|\*(?![^ \t\n/])|;(?![^ \t\n;])|<!--|-->|[rRbBuU]?(?:\"[^\"\n]*\"|'[^'\n]*')[ \t]*(?![^\n])"
 )
+_COMMENT_LINE = re.compile(r"\n[ \t]*(?:#|%s)[^\n]*" % _OTHER_COMMENTS)
+_C_COMMENT_LINE = re.compile(
+    r"\n[ \t]*(?:#(?!\[|[ \t]*(?:include|define|undef|if|ifdef|ifndef|elif|else|endif|pragma|error|import)\b)|%s)"
+    r"[^\n]*" % _OTHER_COMMENTS
+)
+# the extensions of files whose '#' lines may be code: C, C++, CUDA, Objective-C, C#, F#, Swift, Rust, Arduino
+_HASH_CODE = frozenset("c h cc cpp cxx c++ hpp hh hxx h++ ipp inl cu cuh m mm cs fs fsi fsx swift rs ino".split())
 # What says the work is not done, in lower case: TODO, FIXME, TBD (whole words), not (yet) implemented,
 # NotImplementedError, unimplemented!(). Each pattern starts with a literal, so a search skips text without it in C,
 # and takes the rest of the line (group 1).
@@ -1135,6 +1141,13 @@ def _is_prose(path):
     return path.rpartition(".")[2].lower() in _PROSE
 
 
+def _comment_line(path):
+    """The pattern of a whole comment line in the file at path (see _COMMENT_LINE)."""
+    if path.rpartition(".")[2].lower() in _HASH_CODE:
+        return _C_COMMENT_LINE
+    return _COMMENT_LINE
+
+
 def _code_text(text, path):
     """The code of text (a file's added or removed lines): without placeholders (TODO, not implemented) and the rest
     of their lines and, unless the file is prose, without comments, docstrings and string-only lines."""
@@ -1142,7 +1155,7 @@ def _code_text(text, path):
         return ""
     text = "\n" + text
     if not _is_prose(path):
-        text = _COMMENT_LINE.sub("\n", _without_blocks(text))
+        text = _comment_line(path).sub("\n", _without_blocks(text))
     return _without_placeholders(text)
 
 
