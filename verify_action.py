@@ -2818,8 +2818,9 @@ def _target_results(claim, emails, urls, rows):
     for host, path in claim.urls:
         hit = (host, path) in urls or not path and host in hosts
         results.append(_result(hit, urls))
-    names = set(_column(rows, 0)) if claim.ids else set()  # the request's ids can be 100,000
-    numbers = set(_column(rows, 1)) if claim.ids else set()
+    nouns = {noun for noun, value in claim.ids}
+    names = set(_column(rows, 0)) if nouns - {""} else set()  # the request's ids can be 100,000: read when needed
+    numbers = set(_column(rows, 1)) if "" in nouns else set()
     for noun, value in claim.ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
         if not noun:
             results.append(_result(value in numbers, rows))
