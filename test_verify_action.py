@@ -133,6 +133,11 @@ PATHOLOGICAL = ["a." * 4000, "a" * 8192, ("a" * 60 + "@") * 130, "a@" * 4000, "1
                 "removed the file a.py " * 370, "user 1 " * 1170, "https://h.com/customers/1 " * 315]
 
 
+# PATHOLOGICAL's answers: for each claim, its verdict against each evidence shape of pathological_evidence, in order
+PATHOLOGICAL_ANSWERS = ["IIIIIIII"] * 12 + ["IIIIICII", "IIIIIIII", "IIIIIIII", "IIIICIII", "CIVICIII", "IICIIIII",
+                                            "IIIIIIII"]
+
+
 def pathological_evidence(claim):
     return [{"diff": D_TWO + "+" + claim + "\n"}, {"diff": "+" * 200000},
             {"before_count": 1, "after_count": 0, "operation": "DELETE FROM t WHERE id IN (" + "1," * 20000 + "1)"},
@@ -275,6 +280,18 @@ def adversarial_bodies():
                 {"claim": "x", "evidence": {}}, **{"k%d" % i: [1] for i in range(60000)})}}).encode()),
     ]
     return cases
+
+
+def answer_and_codes(path, body):
+    """(what the service answers a POST body with, as answer() says it; the reason codes, None for a refusal)."""
+    status, obj = SERVICE.post(path, body, {})
+    if path == "/mcp":
+        result = obj["result"]
+        content = result.get("structuredContent") or {}
+        return ("isError" if result["isError"] else content["aar_verdict"]), content.get("reason_codes")
+    if status != 200:
+        return obj["error"], None
+    return obj["aar_verdict"], obj["reason_codes"]
 
 
 def answers_in_a_child(expression, timeout=120):
@@ -425,15 +442,6 @@ class AsItWas(object):
         return emails, urls, ids | (AsItWas.claim_ids([t.lower() for t in va._tokens(request)]) if whole else set())
 
     @staticmethod
-    def text_outcome(body):
-        try:
-            json.loads(body)
-        except (ValueError, RecursionError):
-            words = set(re.findall(r"[a-z]+", body.lower()))
-            return va._outcome(words & va._STATUS_OK, words & va._STATUS_FAIL)
-        return va._body_outcome(body)  # JSON: read by its structure, as before
-
-    @staticmethod
     def target_code(wanted, targets):
         (claimed_emails, claimed_urls, claimed_ids), (emails, urls, ids) = wanted, targets
         results = set()
@@ -444,6 +452,14 @@ class AsItWas(object):
             results.add("target_matches" if hit else "target_mismatch" if others else "target_not_in_request")
         worst = ("target_mismatch", "target_not_in_request", "target_matches")
         return next((c for c in worst if c in results), None)
+
+
+def worst_target(wanted, targets):
+    """The target code of api_call's checks for claimed (emails, URLs, ids) against a request's targets."""
+    claim = va.ApiClaim(None, *wanted)
+    results = va._target_results(claim, *targets)
+    codes = [("mismatch", "target_mismatch"), ("absent", "target_not_in_request"), ("match", "target_matches")]
+    return next((code for result, code in codes if result in results), None)
 
 
 class Issue11Speed(unittest.TestCase):
@@ -553,12 +569,16 @@ class Issue11Speed(unittest.TestCase):
             self.assertEqual(counted, (sum(l[:1] == "+" for l in taken), sum(l[:1] == "-" for l in taken)))
 
     def test_every_adversarial_body_is_answered(self):
+        # exactly as ADVERSARIAL_ANSWERS says: a crashing rule (unsafe_to_verify, verifier_error) would show; a body
+        # added to the table since is at least answered without one
         bodies = adversarial_bodies()
         self.assertGreaterEqual(len(bodies), 20)
         for label, path, body in bodies:
             self.assertLessEqual(len(body), va.MAX_BODY, label)
-            self.assertIn(answer(path, body), (V, C, I, U, "invalid_json", "unknown_field", "invalid_request", "isError"),
-                          label)
+            got = answer_and_codes(path, body)
+            self.assertNotIn("verifier_error", got[1] or [], label)
+            if label in ADVERSARIAL_ANSWERS:
+                self.assertEqual(got, ADVERSARIAL_ANSWERS[label], label)
 
     def test_generic_value_codes_agree_with_each_claimed_value_against_each_found(self):
         # the found values are read once and each claimed value is looked up; before, each claimed value was compared
@@ -668,20 +688,11 @@ class Issue11Speed(unittest.TestCase):
             self.assertEqual(va._emails_in(claim), AsItWas.emails(toks), claim)
             for t in toks:
                 self.assertEqual((va._email(t), va._url(t)), (AsItWas.email(t), AsItWas.url(t)), t)
-            self.assertEqual(va._claim_ids(low), AsItWas.claim_ids(low), low)
-            for wanted in (AsItWas.wanted(claim), (set(), set(), set()), fixed):
-                self.assertEqual(va._target_code(wanted, va._request_targets(req, wanted)),
+            ids = {claimed[:2] for claimed in va._claimed_ids(low)}
+            self.assertLessEqual(AsItWas.claim_ids(low) - {("id", n) for _, n in ids}, ids, low)  # lists add ids
+            for wanted in (AsItWas.wanted(claim)[:2] + (ids,), (set(), set(), set()), fixed):
+                self.assertEqual(worst_target(wanted, va._request_targets(req, wanted)),
                                  AsItWas.target_code(wanted, AsItWas.request_targets(req, wanted)), (claim, req))
-
-    def test_a_text_body_is_searched_for_status_words(self):
-        # a response body that is not JSON is searched for one status word of each kind (1 MiB: 60 -> 10 ms); before,
-        # all its words were collected. Both agree on random text.
-        rng = __import__("random").Random(25)
-        bits = ["ok", "OK", "okay", "sent", "error", '"ok"', "[", "errors", "failed", "Failure", "unsent", "done", "x", " ", ".",
-                "_", "1", "\u00e9", "\u212a", "\u0130", "-", "\n", '"', "{", "invalid", "invalidated"]
-        for _ in range(5000):
-            body = "".join(rng.choice(bits) for _ in range(rng.randint(0, 12)))
-            self.assertEqual(va._body_outcome(body), AsItWas.text_outcome(body), body)
 
     def test_claimed_ids_meet_the_request_ids_without_a_pass_each(self):
         # 700 claimed ids against 20,000 in the request took 6 s (a pass over the request's ids for each claimed one);
@@ -697,7 +708,7 @@ class Issue11Speed(unittest.TestCase):
         pick = lambda: {(rng.choice(["", "user", "order"]), str(rng.randint(1, 4))) for _ in range(rng.randint(0, 4))}
         for _ in range(3000):
             wanted, ids = pick(), pick()
-            self.assertEqual(va._target_code((set(), set(), wanted), (set(), set(), ids)), as_it_was(wanted, ids))
+            self.assertEqual(worst_target((set(), set(), wanted), (set(), set(), ids)), as_it_was(wanted, ids))
 
     def test_api_call_reads_only_the_targets_the_claim_names(self):
         request = " ".join("http://h%d.example/p" % i for i in range(2000)) + " bob@example.com"
@@ -797,31 +808,41 @@ class Utf16KeyOrder(unittest.TestCase):
             self.assertEqual(got, want, body)
 
 
+def signals_of(*codes):
+    """The signals of reason codes, each once, with their effects."""
+    return [va.Signal(code, va.REASONS[code].effect, 1) for code in codes]
+
+
 class Decision(unittest.TestCase):
     def test_fixed_rule_and_confidence(self):
-        d = va.decide
-        self.assertEqual(d(["path_in_diff", "action_matches_lines"]), ("verified", 0.6))
-        self.assertEqual(d(["entities_match"] * 4), ("verified", 0.8))
-        self.assertEqual(d(["entities_match"] * 9), ("verified", 0.95))
-        self.assertEqual(d(["path_in_diff"]), ("insufficient_evidence", 0.5))
-        self.assertEqual(d(["path_in_diff", "action_matches_lines", "unnamed_files_changed"]),
+        def d(signals):
+            verdict = va.decide(signals)
+            return verdict, va.confidence(verdict, signals)
+        entities = lambda n: [va.Signal("entities_match", "positive", n)]
+        self.assertEqual(d(signals_of("path_in_diff", "action_matches_lines")), ("verified", 0.6))
+        self.assertEqual(d(entities(4)), ("verified", 0.8))
+        self.assertEqual(d(entities(9)), ("verified", 0.95))
+        self.assertEqual(d(signals_of("path_in_diff")), ("insufficient_evidence", 0.5))
+        self.assertEqual(d(signals_of("path_in_diff", "action_matches_lines", "unnamed_files_changed")),
                          ("insufficient_evidence", 0.5))
-        self.assertEqual(d(["path_in_diff", "path_not_in_diff"]), ("contradicted", 0.9))
-        self.assertEqual(d(["row_delta_mismatch", "affected_rows_zero"]), ("contradicted", 0.6))
-        self.assertEqual(d(["row_delta_mismatch"] * 9), ("contradicted", 0.9))
-        self.assertEqual(d(["row_delta_mismatch", "affected_rows_zero", "count_matches"]),
+        self.assertEqual(d(signals_of("path_in_diff", "path_not_in_diff")), ("contradicted", 0.9))
+        self.assertEqual(d(signals_of("row_delta_mismatch", "affected_rows_zero")), ("contradicted", 0.6))
+        self.assertEqual(d([va.Signal("row_delta_mismatch", "negative", 9)]), ("contradicted", 0.9))
+        self.assertEqual(d(signals_of("row_delta_mismatch", "affected_rows_zero", "count_matches")),
                          ("insufficient_evidence", 0.5))
-        self.assertEqual(d(["path_not_in_diff", "evidence_invalid"]), ("unsafe_to_verify", 0.0))
-        self.assertEqual(d(["no_signal"]), ("insufficient_evidence", 0.5))
+        self.assertEqual(d(signals_of("path_not_in_diff", "evidence_invalid")), ("unsafe_to_verify", 0.0))
+        self.assertEqual(d([]), ("insufficient_evidence", 0.5))
 
     def test_vocabulary_is_closed_and_documented(self):
         rules = va.rules_document()["reason_codes"]
         self.assertEqual(set(rules), set(va.REASONS))
-        for code, (kind, signal, meaning) in va.REASONS.items():
+        for code, (kind, effect, meaning, summary) in va.REASONS.items():
             self.assertRegex(code, r"^[a-z][a-z0-9_]*$")
-            self.assertIn(kind, va.KINDS + ("any",))
-            self.assertIn(signal, ("+", "-", "!", "unsafe", "0"))
-            self.assertTrue(meaning.endswith("."))
+            self.assertTrue(kind == "any" or set(kind.split(", ")) <= set(va.KINDS), (code, kind))
+            self.assertIn(effect, va.EFFECTS + ("none",))
+            self.assertTrue(meaning.endswith("."), code)
+            self.assertEqual(rules[code], {"kind": kind, "effect": effect, "meaning": meaning, "summary": summary})
+            self.assertTrue(summary.endswith(".") and len(summary) < len(meaning) + 1 and "(" not in summary, code)
 
 
 class StrictJson(unittest.TestCase):
@@ -926,65 +947,126 @@ class Validation(unittest.TestCase):
 # Rules: labelled cases per kind; every reason code covered
 # ---------------------------------------------------------------------------------------------------
 V, C, I, U = "verified", "contradicted", "insufficient_evidence", "unsafe_to_verify"
+ADVERSARIAL_ANSWERS = {  # label -> (what the service answers: a verdict, an error code or isError; its reason codes)
+    "sql: 'id IN (' x 9300, no ')'": (I, ['sql_kind_matches', 'where_not_plain']),
+    'api_call: 600 claimed x 70k request URLs': (C, ['status_matches_claim', 'target_mismatch']),
+    'api_call: 600 claimed x 55k URLs in a url list': (C, ['status_matches_claim', 'target_mismatch']),
+    'generic: 32 stated keys x 60k members': (C, ['explicit_value_conflict']),
+    'depth-29 nests': (I, ['no_signal']),
+    'runs of 299 digits': ('invalid_json', None),
+    'runs of 15 digits': (I, ['no_signal']),
+    '120k small objects': (I, ['no_signal']),
+    '200k short strings': (I, ['no_signal']),
+    'code_diff: 1,200 files x 10 lines': (C, ['path_in_diff', 'identifier_in_changed_lines', 'action_matches_lines',
+                                              'changes_mostly_elsewhere']),
+    'code_diff: one hunk of 1 MiB short lines': (I, ['path_in_diff', 'identifier_not_in_changed_lines',
+                                                     'action_matches_lines']),
+    'code_diff: 8 KiB claim of paths': (I, ['path_in_diff', 'action_matches_lines', 'unnamed_files_changed']),
+    'code_diff: 1 MiB of @@ lines': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of one-line hunks': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of one-line hunks, added': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of --- lines': (U, ['evidence_too_large']),
+    'code_diff: 1 MiB of other lines': (I, ['diff_no_changes']),
+    'code_diff: a hunk of blank lines': (I, ['path_in_diff', 'identifier_not_in_changed_lines',
+                                             'action_mismatch_lines']),
+    'generic: one 1 MiB string': (I, ['no_signal']),
+    'generic: 8 KiB claim of entities': (I, ['no_signal']),
+    'generic: 8 KiB claim of states x 60k keys': (C, ['state_matches', 'state_conflict']),
+    'generic: 7 KiB of state words, then 32 keys': (V, ['state_matches']),
+    'generic: status keys under nests': (C, ['explicit_value_conflict', 'outcome_conflict']),
+    'db_op: 64 KiB SQL of OR terms': (I, ['sql_kind_matches', 'where_not_plain']),
+    'api_call: 1 MiB JSON text body': (V, ['status_matches_claim', 'body_matches_claim']),
+    'api_call: 1 MiB plain text body': (V, ['status_matches_claim', 'body_matches_claim']),
+    'api_call: 700 claimed ids x 66k ids in the request': (C, ['target_mismatch']),
+    'api_call: ids in 62k URL paths': (C, ['target_mismatch']),
+    'generic: 1,300 stated values x 100 found': (C, ['explicit_value_conflict']),
+    "generic: a string of escaped quotes after ':'": (I, ['no_signal']),
+    'api_call: a URL of one 1 MiB path segment': (C, ['target_mismatch']),
+    'api_call: one URL 116k times': (C, ['status_matches_claim', 'target_mismatch']),
+    'file_op: 8 KiB claim of sizes and paths': (C, ['path_mismatch', 'existence_matches', 'line_count_mismatch']),
+    'mcp: tools/call of 120k small objects': (I, ['no_signal']),
+    'strings of \\u escapes': (I, ['no_signal']),
+    'floats: 1.5e-05': (I, ['no_signal']),
+    'floats: 0.1234567': (I, ['no_signal']),
+    'floats: 12.0': (I, ['no_signal']),
+    'floats: 1e16': (I, ['no_signal']),
+    'floats: 1.5e+16': (I, ['no_signal']),
+    'floats: 1.5e-06': (I, ['no_signal']),
+    'floats: 1e-07': (I, ['no_signal']),
+    'floats: -0.0': (I, ['no_signal']),
+    'runs of 16 digits below 2^53': (I, ['no_signal']),
+    'U+E000 and astral in a value': (I, ['no_signal']),
+    'U+E000 and astral in keys': (I, ['no_signal']),
+    'such keys at depth 31': (I, ['no_signal']),
+    '50k small objects of such keys': (I, ['no_signal']),
+    '30k such objects, all escaped': (I, ['no_signal']),
+    'one object of 50k such keys': (I, ['no_signal']),
+    '70k two-key objects, such chars in the claim': (I, ['no_signal']),
+    'depth-29 nests and 20k objects of such keys': (I, ['no_signal']),
+    'depth-29 nests and 40k objects of such keys': (I, ['no_signal']),
+    '70k top-level members': ('unknown_field', None),
+    '70k members beside the receipt': ('invalid_request', None),
+    'mcp: 60k members beside the evidence': ('isError', None),
+}
 CODE_DIFF = [
     ("Added null check for `user.email` in src/user.py", D_USER, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
-    ("Added null check for user.email in src/user.py", D_USER, V, ["identifier_in_changed_lines"]),
-    ("Fixed a.py", D_DATA, C, ["path_not_in_diff"]),
-    ("Added rate limiting to src/user.py", D_PRINT, I, ["content_words_absent"]),
+    ("Added null check for user.email in src/user.py", D_USER, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Fixed a.py", D_DATA, C, ["path_not_in_diff", "action_matches_lines"]),
+    ("Added rate limiting to src/user.py", D_PRINT, I, ["path_in_diff", "content_words_absent", "action_matches_lines"]),
     ("Added logging of saving to src/user.py", D_PRINT, V, ["path_in_diff", "action_matches_lines"]),
-    ("Removed `legacy_mode` from src/user.py", D_USER, I, ["identifier_not_in_changed_lines", "action_mismatch_lines"]),
-    ("Added an audit call where `user.email` is checked in src/user.py", D_CONTEXT, I, ["identifier_not_in_changed_lines"]),
+    ("Removed `legacy_mode` from src/user.py", D_USER, I, ["path_in_diff", "identifier_not_in_changed_lines", "action_mismatch_lines"]),
+    ("Added an audit call where `user.email` is checked in src/user.py", D_CONTEXT, I, ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
     ("Deleted file old_api.py", D_DELETE, V, ["path_in_diff", "action_matches_lines", "file_deleted"]),
-    ("Deleted the file src/user.py", D_USER, I, ["file_not_deleted", "action_mismatch_lines"]),
-    ("Updated src/user.py", D_TWO, C, ["changes_mostly_elsewhere"]),
-    ("Added `helper_3` in src/other.py", D_TWO, I, ["unnamed_files_changed", "identifier_in_changed_lines"]),
-    ("Updated src/user.py and docs/missing.md", D_USER, I, ["path_partly_in_diff"]),
-    ("Added `retry_count` to app/config.py", D_PLAIN, V, ["path_in_diff", "identifier_in_changed_lines"]),
+    ("Deleted the file src/user.py", D_USER, I, ["path_in_diff", "action_mismatch_lines", "file_not_deleted"]),
+    ("Updated src/user.py", D_TWO, C, ["path_in_diff", "action_matches_lines", "changes_mostly_elsewhere"]),
+    ("Added `helper_3` in src/other.py", D_TWO, I, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "unnamed_files_changed"]),
+    ("Updated src/user.py and docs/missing.md", D_USER, I, ["path_partly_in_diff", "action_matches_lines"]),
+    ("Added `retry_count` to app/config.py", D_PLAIN, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
     ("Changed `MAX_SIZE` in lib/limits.py", D_NOPREFIX, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
     ("Created docs/guide.md", D_CREATE, V, ["path_in_diff", "action_matches_lines"]),
     ("Renamed old.py to new.py", D_RENAME, V, ["path_in_diff", "action_matches_lines"]),
     ("Updated logo.png", D_BINARY, V, ["path_in_diff", "action_matches_lines"]),
-    ("Added `parse_header` to src/user.py", D_DEEP, V, ["path_in_diff"]),
+    ("Added `parse_header` to src/user.py", D_DEEP, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
     ("Removed the old rule from notes.txt", D_HUNK_DASHES, V, ["path_in_diff", "action_matches_lines"]),
     ("Added `user.email` validation", "", I, ["diff_no_changes"]),
-    ("Refactored everything", D_USER, I, ["action_matches_lines"]),
+    ("Refactored everything", D_USER, I, ["content_words_absent", "action_matches_lines"]),
     # review findings 6 and 7: the direction of the lines and negation
-    ("Added `rate_limit` in src/user.py", D_RATE_RM, I, ["identifier_not_in_changed_lines", "action_matches_lines"]),
-    ("Removed `rate_limit` from src/user.py", D_RATE_RM, V, ["identifier_in_changed_lines", "action_matches_lines"]),
-    ("Removed `debug_flag` from config.py", D_DEBUG_ADD, I, ["identifier_not_in_changed_lines"]),
-    ("Removed old_api.py", D_ONE_LINE, I, ["file_not_deleted", "action_matches_lines"]),
-    ("Removed old_api.py", D_DELETE, V, ["file_deleted"]),
-    ("Did not remove `auth_check` from app.py", D_AUTH, I, ["claim_negated"]),
-    ("Never removed `auth_check` from app.py", D_USER, C, ["path_not_in_diff", "claim_negated"]),
-    ("Removed `auth_check` from app.py", D_AUTH, V, ["identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` in src/user.py", D_RATE_RM, I, ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Removed `rate_limit` from src/user.py", D_RATE_RM, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Removed `debug_flag` from config.py", D_DEBUG_ADD, I, ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Removed old_api.py", D_ONE_LINE, I, ["path_in_diff", "action_matches_lines", "file_not_deleted"]),
+    ("Removed old_api.py", D_DELETE, V, ["path_in_diff", "action_matches_lines", "file_deleted"]),
+    ("Did not remove `auth_check` from app.py", D_AUTH, I, ["path_in_diff", "identifier_in_changed_lines", "claim_negated"]),
+    ("Never removed `auth_check` from app.py", D_USER, C, ["path_not_in_diff", "identifier_not_in_changed_lines", "claim_negated"]),
+    ("Removed `auth_check` from app.py", D_AUTH, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
 ]
 DB_OP = [
     ("Deleted 10 stale sessions", {"before_count": 110, "after_count": 100, "affected_rows": 10,
                                    "operation": "DELETE FROM sessions WHERE last_seen < '2024-01-01'"}, V,
      ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "count_matches"]),
     ("Deleted user id=12345", {"before_count": 5, "after_count": 4, "affected_rows": 1,
-                               "operation": "DELETE FROM users WHERE id = 12345"}, V, ["sql_identifier_matches"]),
+                               "operation": "DELETE FROM users WHERE id = 12345"}, V, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
     ("Deleted user 12345", {"before_count": 5, "after_count": 4, "affected_rows": 1,
-                            "operation": "DELETE FROM users WHERE id = 999"}, C, ["sql_identifier_mismatch"]),
+                            "operation": "DELETE FROM users WHERE id = 999"}, C, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_mismatch"]),
     ("Updated the email of user #77", {"before_count": 9, "after_count": 9, "affected_rows": 0,
-                                       "operation": "UPDATE users SET email = 'a@b.c' WHERE id = 77"}, I, ["affected_rows_zero"]),
-    ("Inserted 3 rows into orders", {"affected_rows": 3, "operation": "SELECT * FROM orders"}, C, ["sql_kind_conflicts"]),
+                                       "operation": "UPDATE users SET email = 'a@b.c' WHERE id = 77"}, I, ["sql_kind_matches", "row_delta_matches", "affected_rows_zero", "sql_identifier_matches"]),
+    ("Inserted 3 rows into orders", {"affected_rows": 3, "operation": "SELECT * FROM orders"}, C, ["sql_kind_conflicts", "count_matches"]),
     ("Deleted 5 rows", {"before_count": 10, "after_count": 13, "operation": "INSERT INTO t VALUES (1)"}, C,
      ["sql_kind_mismatch", "row_delta_mismatch", "count_mismatch"]),
     ("Deleted and inserted rows", {"affected_rows": 2, "operation": "DELETE FROM t"}, I, ["conflicting_verbs"]),
     ("Inserted 2 users", {"before_count": 3, "after_count": 5, "affected_rows": 3, "operation": "INSERT INTO users VALUES (1), (2)"},
-     I, ["affected_rows_mismatch", "count_matches"]),
-    ("Removed 10 sessions", {"before_count": 10, "after_count": 0, "operation": "TRUNCATE sessions"}, V, ["sql_kind_matches", "count_matches"]),
+     I, ["sql_kind_matches", "row_delta_matches", "affected_rows_mismatch", "count_matches"]),
+    ("Removed 10 sessions", {"before_count": 10, "after_count": 0, "operation": "TRUNCATE sessions"}, V, ["sql_kind_matches", "row_delta_matches", "count_matches"]),
     ("Updated 4 rows", {"affected_rows": 4, "operation": "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET a = 1"},
      I, ["count_matches"]),
     ("Updated 4 rows", {"affected_rows": 4, "before_count": 9, "after_count": 9, "operation": "UPDATE t SET a = 1"},
-     V, ["affected_rows_consistent", "count_matches", "sql_kind_matches", "row_delta_matches"]),
+     V, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "count_matches"]),
     ("Deleted order #2", {"affected_rows": 1, "operation": "WITH old AS (SELECT id FROM o) DELETE FROM orders WHERE id IN (1, 2, 3)"},
      V, ["sql_kind_matches", "sql_identifier_matches"]),
     ("Counted the active users", {"before_count": 5, "after_count": 5, "operation": "SELECT count(*) FROM users -- DELETE"},
      V, ["sql_kind_matches", "row_delta_matches"]),
     ("Deleted 3 rows", {"before_count": 10, "after_count": 12}, C, ["row_delta_mismatch", "count_mismatch"]),
-    ("Updated the rows", {"before_count": 5, "after_count": 6, "operation": "UPDATE t SET a = 1"}, I, ["row_delta_mismatch"]),
+    ("Updated the rows", {"before_count": 5, "after_count": 6, "operation": "UPDATE t SET a = 1"}, I, ["sql_kind_matches", "row_delta_mismatch"]),
     ("Upserted and updated user 5", {"affected_rows": 1, "operation": "INSERT INTO u VALUES (5) ON CONFLICT (id) DO UPDATE SET a = 1"},
      I, ["sql_identifier_unchecked"]),  # was no_signal: a claimed id the SQL does not compare is no longer ignored
     ("Archived old rows", {"affected_rows": 2, "operation": "DELETE FROM t"}, I, ["no_signal"]),
@@ -992,124 +1074,124 @@ DB_OP = [
     ("Did not delete any rows", {"before_count": 5, "after_count": 4, "affected_rows": 1,
                                  "operation": "DELETE FROM t WHERE id = 3"}, I, ["claim_negated"]),
     ("Deleted user 12345", {"before_count": 600, "after_count": 100, "affected_rows": 500,
-                            "operation": "DELETE FROM users WHERE id = 12345 OR 1=1"}, I, ["sql_identifier_unchecked"]),
+                            "operation": "DELETE FROM users WHERE id = 12345 OR 1=1"}, C, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "affected_rows_exceed_claim", "where_not_plain"]),
     ("Deleted user 12345", {"before_count": 600, "after_count": 100, "affected_rows": 500,
-                            "operation": "DELETE FROM users WHERE id <> 12345"}, I, ["sql_identifier_unchecked"]),
+                            "operation": "DELETE FROM users WHERE id <> 12345"}, C, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "affected_rows_exceed_claim", "sql_identifier_mismatch"]),
     ("Deleted user 12345", {"before_count": 600, "after_count": 100, "affected_rows": 500,
-                            "operation": "DELETE FROM users WHERE id NOT IN (12345)"}, I, ["sql_identifier_unchecked"]),
+                            "operation": "DELETE FROM users WHERE id NOT IN (12345)"}, C, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "affected_rows_exceed_claim", "where_not_plain"]),
     ("Deleted user 12345", {"before_count": 600, "after_count": 599, "affected_rows": 1,
                             "operation": "DELETE FROM users WHERE id = 12345; DELETE FROM users"}, I,
-     ["sql_multiple_statements", "sql_identifier_matches"]),
+     ["sql_kind_matches", "sql_multiple_statements", "row_delta_matches", "affected_rows_consistent", "sql_identifier_unchecked"]),
     ("Deleted user 12345", {"before_count": 600, "after_count": 599, "affected_rows": 1,
-                            "operation": "DELETE FROM users WHERE name = 'x'"}, I, ["sql_identifier_unchecked"]),
+                            "operation": "DELETE FROM users WHERE name = 'x'"}, I, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_unchecked"]),
     ("Deleted rows for tenant 7 across 3 tables", {"affected_rows": 30, "operation": "DELETE FROM t WHERE tenant_id = 7"},
-     V, ["sql_identifier_matches"]),
+     V, ["sql_kind_matches", "sql_identifier_matches"]),
 ]
 FILE_OP = [
     ("Created report.txt with 120 lines", {"path": "/tmp/report.txt", "exists_before": False, "exists_after": True,
                                            "line_count": 120}, V, ["path_matches", "existence_matches", "line_count_matches"]),
-    ("Created report.txt", {"path": "/tmp/other.txt", "exists_before": False, "exists_after": True}, C, ["path_mismatch"]),
-    ("Deleted /tmp/cache.db", {"path": "/tmp/cache.db", "exists_before": True, "exists_after": True}, C, ["end_state_mismatch"]),
-    ("Created notes.md", {"path": "notes.md", "exists_before": True, "exists_after": True}, I, ["start_state_mismatch", "path_matches"]),
-    ("Renamed a.txt to b.txt", {"path": "/d/a.txt", "exists_before": True, "exists_after": True}, I, ["new_path_missing"]),
+    ("Created report.txt", {"path": "/tmp/other.txt", "exists_before": False, "exists_after": True}, C, ["path_mismatch", "existence_matches"]),
+    ("Deleted /tmp/cache.db", {"path": "/tmp/cache.db", "exists_before": True, "exists_after": True}, C, ["path_matches", "end_state_mismatch"]),
+    ("Created notes.md", {"path": "notes.md", "exists_before": True, "exists_after": True}, I, ["path_matches", "start_state_mismatch"]),
+    ("Renamed a.txt to b.txt", {"path": "/d/a.txt", "exists_before": True, "exists_after": True}, I, ["path_matches", "new_path_missing"]),
     ("Renamed a.txt to b.txt", {"path": "/d/a.txt", "new_path": "/d/b.txt", "exists_before": True, "exists_after": True},
      V, ["path_matches", "existence_matches"]),
     ("Moved a.txt to c.txt", {"path": "/d/a.txt", "new_path": "/d/b.txt", "exists_before": True, "exists_after": True},
-     C, ["path_mismatch"]),
+     C, ["path_mismatch", "existence_matches"]),
     ("Wrote 118 lines to log.txt", {"path": "log.txt", "exists_before": False, "exists_after": True, "line_count": 120},
-     I, ["line_count_off"]),
+     I, ["path_matches", "existence_matches", "line_count_off"]),
     ("Wrote 200 lines to log.txt", {"path": "log.txt", "exists_before": False, "exists_after": True, "line_count": 120},
-     C, ["line_count_mismatch"]),
+     C, ["path_matches", "existence_matches", "line_count_mismatch"]),
     ("Wrote 1,000 lines to big.csv", {"path": "data/big.csv", "exists_before": True, "exists_after": True, "line_count": 1000},
-     V, ["line_count_matches"]),
+     V, ["path_matches", "existence_matches", "line_count_matches"]),
     ("Saved 1.5 MB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 1500000},
-     V, ["size_matches"]),
+     V, ["path_matches", "existence_matches", "size_matches"]),
     ("Saved 1.5 MiB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 1500000},
-     I, ["size_off"]),
+     I, ["path_matches", "existence_matches", "size_off"]),
     ("Saved 12KB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 100000},
-     C, ["size_mismatch"]),
+     C, ["path_matches", "existence_matches", "size_mismatch"]),
     ("Saved 100KiB to dump.bin", {"path": "dump.bin", "exists_before": False, "exists_after": True, "size_bytes": 102400},
-     V, ["size_matches"]),
+     V, ["path_matches", "existence_matches", "size_matches"]),
     ("Created and deleted temp.txt", {"path": "temp.txt", "exists_before": False, "exists_after": False}, I, ["conflicting_verbs"]),
-    ("Removed the cache", {"path": "/var/cache/x", "exists_before": True, "exists_after": False}, I, ["existence_matches"]),
-    ("Created Makefile", {"path": "/repo/Makefile", "exists_before": False, "exists_after": True}, V, ["path_matches"]),
+    ("Removed the cache", {"path": "/var/cache/x", "exists_before": True, "exists_after": False}, I, ["path_not_named", "existence_matches"]),
+    ("Created Makefile", {"path": "/repo/Makefile", "exists_before": False, "exists_after": True}, V, ["path_matches", "existence_matches"]),
     # review findings 7, 9 and 11: negation, unrecognised names, rename direction, counts that are changes
     ("Wrote 120 lines to Makefile", {"path": "/repo/README", "exists_before": False, "exists_after": True,
-                                     "line_count": 120}, I, ["path_not_named", "line_count_matches"]),
+                                     "line_count": 120}, I, ["path_not_named", "existence_matches", "line_count_matches"]),
     ("Wrote 120 lines to .bashrc", {"path": "/repo/README", "exists_before": False, "exists_after": True,
-                                    "line_count": 120}, I, ["path_not_named"]),
+                                    "line_count": 120}, I, ["path_not_named", "existence_matches", "line_count_matches"]),
     ("Renamed b.txt to a.txt", {"path": "a.txt", "new_path": "b.txt", "exists_before": True, "exists_after": True},
-     C, ["path_mismatch"]),
-    ("Did not delete a.txt", {"path": "a.txt", "exists_before": True, "exists_after": False}, I, ["claim_negated"]),
-    ("Did not delete a.txt", {"path": "a.txt", "exists_before": True, "exists_after": True}, I, ["claim_negated"]),
+     C, ["path_mismatch", "existence_matches"]),
+    ("Did not delete a.txt", {"path": "a.txt", "exists_before": True, "exists_after": False}, I, ["claim_negated", "path_matches"]),
+    ("Did not delete a.txt", {"path": "a.txt", "exists_before": True, "exists_after": True}, I, ["claim_negated", "path_matches"]),
     ("Removed 3 lines from config.yml", {"path": "config.yml", "exists_before": True, "exists_after": True,
-                                         "line_count": 40}, V, ["existence_matches", "path_matches"]),
+                                         "line_count": 40}, V, ["path_matches", "existence_matches"]),
     ("Appended 5 lines to log.txt", {"path": "log.txt", "exists_before": True, "exists_after": True,
-                                     "line_count": 105}, V, ["existence_matches"]),
+                                     "line_count": 105}, V, ["path_matches", "existence_matches"]),
 ]
 API_CALL = [
     ("Sent the welcome email to bob@example.com", {"request": {"to": "bob@example.com"}, "response_status": 200,
                                                    "response_body": {"sent": True, "bounced": False}}, V,
      ["status_matches_claim", "target_matches"]),
     ("Sent the welcome email to bob@example.com", {"request": {"to": "eve@example.com"}, "response_status": 200,
-                                                   "response_body": {"ok": True}}, C, ["target_mismatch", "body_matches_claim"]),
+                                                   "response_body": {"ok": True}}, C, ["status_matches_claim", "body_matches_claim", "target_mismatch"]),
     ("Posted the message", {"request": "POST /messages", "response_status": 500, "response_body": ""}, C, ["status_failure"]),
     ("The payment failed", {"request": {}, "response_status": 200, "response_body": {"status": "succeeded"}}, C,
      ["status_contradicts_failure_claim", "body_contradicts_failure_claim"]),
     ("Payment failed", {"request": {}, "response_status": 402, "response_body": {"error": "card declined"}}, V,
      ["status_matches_claim", "body_matches_claim"]),
-    ("Created order 42", {"request": {"order_id": 42}, "response_status": 201, "response_body": {"ok": False}}, C, ["body_failure"]),
+    ("Created order 42", {"request": {"order_id": 42}, "response_status": 201, "response_body": {"ok": False}}, C, ["status_matches_claim", "body_failure", "target_matches"]),
     ("Sent invoice 42 to bob@x.com", {"request": {"to": "bob@x.com", "invoice_id": 42}, "response_status": 200}, V,
-     ["target_matches", "status_matches_claim"]),
+     ["status_matches_claim", "target_matches"]),
     ("Delivered the webhook to https://hooks.example.com/a/b", {"request": {"url": "https://hooks.example.com/a/c"},
-                                                              "response_status": 204}, C, ["target_mismatch"]),
+                                                              "response_status": 204}, C, ["status_matches_claim", "target_mismatch"]),
     ("Delivered the webhook to https://hooks.example.com/a/b/", {"request": "POST https://hooks.example.com/a/b",
-                                                               "response_status": 204}, V, ["target_matches"]),
-    ("Sent an email to bob@x.com", {"request": {"body": "hi"}, "response_status": 200}, I, ["target_not_in_request"]),
+                                                               "response_status": 204}, V, ["status_matches_claim", "target_matches"]),
+    ("Sent an email to bob@x.com", {"request": {"body": "hi"}, "response_status": 200}, I, ["status_matches_claim", "target_not_in_request"]),
     ("Message accepted", {"request": {}, "response_status": 202, "response_body": "Message accepted for delivery"}, V,
-     ["body_matches_claim"]),
+     ["status_matches_claim", "body_matches_claim"]),
     ("Message sent", {"request": {}, "response_status": 200, "response_body": "{\"status\": \"queued\"}"}, I,
      ["status_matches_claim"]),
     ("The email was not sent", {"request": {}, "response_status": 200}, I, ["status_contradicts_failure_claim"]),
     ("Notification delivered", {"request": {}, "response_status": 200, "response_body": "{\"errors\": [\"quota\"]}"}, C,
-     ["body_failure"]),
+     ["status_matches_claim", "body_failure"]),
     ("Charged customer 77", {"request": {"url": "https://api.example.com/customers/78/charges"}, "response_status": 200},
      C, ["target_mismatch"]),
     ("Pinged the health endpoint", {"request": {}, "response_status": 200}, I, ["no_signal"]),
     # review findings 5 and 11: targets come from the request's target fields, ids from id-like keys only
     ("Refunded customer 77 successfully", {"request": {"url": "https://api.x.com/customers/78/refunds", "amount": 77},
-                                           "response_status": 200, "response_body": {"ok": True}}, C, ["target_mismatch"]),
+                                           "response_status": 200, "response_body": {"ok": True}}, C, ["status_matches_claim", "body_matches_claim", "target_mismatch"]),
     ("Refunded customer 78 successfully", {"request": {"url": "https://api.x.com/customers/78/refunds", "amount": 77},
-                                           "response_status": 200, "response_body": {"ok": True}}, V, ["target_matches"]),
+                                           "response_status": 200, "response_body": {"ok": True}}, V, ["status_matches_claim", "body_matches_claim", "target_matches"]),
     # a path segment names its id in any case: Customers/78 is customer 78
     ("Refunded customer 78 successfully", {"request": {"url": "https://api.x.com/CUSTOMERS/78/Refunds"},
-                                           "response_status": 200, "response_body": {"ok": True}}, V, ["target_matches"]),
+                                           "response_status": 200, "response_body": {"ok": True}}, V, ["status_matches_claim", "body_matches_claim", "target_matches"]),
     ("Posted to https://good.com/a successfully", {"request": {"url": "https://evil.com/a", "ref": "https://good.com/a"},
                                                    "response_status": 200, "response_body": {"ok": True}}, C,
-     ["target_mismatch"]),
+     ["status_matches_claim", "body_matches_claim", "target_mismatch"]),
     ("Sent the email to bob@x.com", {"request": {"to": "Eve <eve@x.com>", "reply_to": "bob@x.com"}, "response_status": 200,
-                                     "response_body": {"ok": True}}, C, ["target_mismatch"]),
+                                     "response_body": {"ok": True}}, C, ["status_matches_claim", "body_matches_claim", "target_mismatch"]),
     ("Sent the email to eve@x.com", {"request": {"to": "Eve <eve@x.com>", "reply_to": "bob@x.com"}, "response_status": 200,
-                                     "response_body": {"ok": True}}, V, ["target_matches"]),
-    ("Sent 3 emails in batch 7", {"request": {"batch_id": 7, "count": 3}, "response_status": 200}, V, ["target_matches"]),
+                                     "response_body": {"ok": True}}, V, ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Sent 3 emails in batch 7", {"request": {"batch_id": 7, "count": 3}, "response_status": 200}, V, ["status_matches_claim", "target_matches"]),
     ("Opened ticket #42", {"request": {"priority": 2}, "response_status": 200}, I, ["target_not_in_request"]),
 ]
 GENERIC = [
     ("Deployed version 2", {"deploy": "ok", "env": "prod"}, I, ["no_signal"]),
-    ("Deployed version 2", {"version": "2", "env": "prod"}, I, []),
+    ("Deployed version 2", {"version": "2", "env": "prod"}, I, ["no_signal"]),
     ("status is failed", {"status": "ok"}, C, ["explicit_value_conflict"]),
     ("status: ok", {"job": {"status": "OK"}}, I, ["explicit_value_match"]),
     ("Copied 1,500 records from orders_2024 to https://backup.example.com/x",
      {"count": 1500, "table": "orders_2024", "target": "https://backup.example.com/x"}, V, ["entities_match"]),
-    ("Copied 1,500 records from orders_2024", {"count": 1500, "table": "orders_2024"}, I, []),
+    ("Copied 1,500 records from orders_2024", {"count": 1500, "table": "orders_2024"}, I, ["no_signal"]),
     ("retries = 3", {"retries": 5}, C, ["explicit_value_conflict"]),
     ("retries=5 and the backup is done", {"retries": 5.0, "backup": {"done": True}}, I, ["explicit_value_match"]),
-    ("The job is not done", {"job": "done"}, I, []),
-    ("owner was alice", {"owner": 7}, I, []),
+    ("The job is not done", {"job": "done"}, I, ["claim_negated"]),
+    ("owner was alice", {"owner": 7}, I, ["no_signal"]),
     ("count is 1,000", {"count": 1000}, I, ["explicit_value_match"]),
     ("Mailed alice@example.com, bob@example.com and carol@example.com",
      {"log": "to alice@example.com; to bob@example.com; to carol@example.com."}, V, ["entities_match"]),
-    ("true null false 2", {"a": [True, None, False]}, I, []),
+    ("true null false 2", {"a": [True, None, False]}, I, ["no_signal"]),
     # review finding 10: repeated statements count once; small numbers are not entities; a failed status
     ("status is ok; status was ok", {"status": "ok"}, I, ["explicit_value_match"]),
     # issue 11: a claimed outcome against a status value is judged (before: insufficient_evidence)
@@ -1132,7 +1214,7 @@ GENERIC = [
     ("dark_mode is on, auto_save is off", {"dark_mode": True, "auto_save": False}, V, ["explicit_value_match"]),
     ("dark_mode is on", {"ui": {"dark_mode": False}}, C, ["explicit_value_conflict"]),
     ("status: passed", {"status": "success"}, I, ["explicit_value_match"]),
-    ("Updated alpha_key, beta_key and gamma_key", {"alpha_key": 1, "beta_key": 2, "gamma_key": 3}, I, []),
+    ("Updated alpha_key, beta_key and gamma_key", {"alpha_key": 1, "beta_key": 2, "gamma_key": 3}, I, ["no_signal"]),
     # issue 11: status words against status, state, result, outcome, conclusion, ok and success at any depth
     ("status failed", {"status": "ok"}, C, ["outcome_conflict"]),
     ("The build passed", {"jobs": [{"conclusion": "success"}, {"conclusion": "failure"}]}, C, ["outcome_conflict"]),
@@ -1173,8 +1255,8 @@ class Rules(unittest.TestCase):
 
     def test_tables_cover_every_reason_code(self):
         seen = set()
-        for table in (CODE_DIFF, DB_OP, FILE_OP, API_CALL, GENERIC):
-            self.assertGreaterEqual(len(table), 10)
+        for table in (CODE_DIFF, DB_OP, FILE_OP, API_CALL, GENERIC) + tuple(CHECK_TABLES.values()):
+            self.assertGreaterEqual(len(table), 4)
             for _, _, _, codes in table:
                 seen.update(codes)
         unsafe = {"evidence_invalid", "evidence_too_large", "verifier_error", "evidence_missing_fields"}
@@ -1211,39 +1293,13 @@ class Rules(unittest.TestCase):
 
     def test_sql_facts(self):
         f = va.sql_facts
-        self.assertEqual(f("DELETE FROM s WHERE d < '2024-01-01' AND note = 'id = 5'"), ("delete", set(), False, False))
-        self.assertEqual(f("update t set a=1 where t.user_id=42 or 43 = id"), ("update", {"42", "43"}, True, False))
-        self.assertEqual(f("/* x */ INSERT INTO t (id) VALUES (7)"), ("insert", set(), False, False))
-        self.assertEqual(f("REPLACE INTO t VALUES (1)")[0], "merge")
-        self.assertEqual(f("CREATE TABLE t (id int)")[0], None)
-        self.assertEqual(f("SELECT 1; DELETE FROM t WHERE id = 1"), ("read", set(), False, True))
-        self.assertEqual(f("DELETE FROM t WHERE id = 1;  ;"), ("delete", {"1"}, False, False))  # empty statements
-        self.assertEqual(f("DELETE FROM t WHERE id IN (1, 2) AND deleted_at IS NOT NULL"), ("delete", {"1", "2"}, False, False))
-        for sql in ("DELETE FROM t WHERE id <> 5", "DELETE FROM t WHERE id != 5", "DELETE FROM t WHERE id NOT IN (5)",
-                    "DELETE FROM t WHERE id IN (SELECT id FROM u WHERE x = 5)", "DELETE FROM t WHERE NOT (id = 5)"):
-            self.assertTrue(f(sql)[2], sql)  # broad: the WHERE ids do not bound the rows
-        self.assertEqual(f("DELETE FROM t WHERE id <> 5")[1] | f("DELETE FROM t WHERE id NOT IN (5)")[1], set())
-        self.assertEqual(f("UPDATE t SET flag = NOT flag WHERE id = 5")[1:3], ({"5"}, False))  # NOT before WHERE
-
-    def test_1_sql_in_lists_are_linear(self):
-        # no ')' anywhere: each 'id IN (' list used to scan to the end of the statement (9 s); now each of the 27,900
-        # tokens is read a bounded number of times, counted here (it stops at once past the bound)
-        op = ("DELETE FROM t WHERE " + "id IN (" * 9300)[:65536]
-        reads, real = [0], va._where_ids
-
-        class CountedTokens(list):
-            def __getitem__(self, index):
-                reads[0] += 1
-                if reads[0] > 4 * len(self):
-                    raise AssertionError("the WHERE clause's tokens are read more than 4 times each")
-                return list.__getitem__(self, index)
-        va._where_ids = lambda toks, start, end: real(CountedTokens(toks), start, end)
-        try:
-            verdict, codes = judge("Deleted user 5", {"affected_rows": 1, "operation": op})
-        finally:
-            va._where_ids = real
-        self.assertNotEqual(verdict, V)
-        self.assertGreater(reads[0], 9300)  # the counter did see the clause
+        self.assertEqual(f("DELETE FROM s WHERE d < '2024-01-01' AND note = 'id = 5'"),
+                         ("delete", "s", None, True, "plain", None, [], 1))
+        self.assertEqual(f("update t set a=1 where t.user_id=42 or 43 = id")[4:6], ("not plain", "OR"))
+        self.assertEqual(f("/* x */ INSERT INTO t (id) VALUES (7)"), ("insert", "t", None, True, "none", None, [], 1))
+        self.assertEqual(f("DELETE FROM t WHERE id IN (1, 2) AND deleted_at IS NOT NULL").pins,
+                         [(("", "id"), "1", "="), (("", "id"), "2", "=")])
+        self.assertEqual(f("UPDATE t SET flag = NOT flag WHERE id = 5").pins, [(("", "id"), "5", "=")])
 
 
 class PeerFailures(unittest.TestCase):
@@ -1251,16 +1307,20 @@ class PeerFailures(unittest.TestCase):
 
     def test_1_pathological_claims_are_answered(self):
         # the peer froze 7 s on each; answered in a child process whose timeout is a hang guard (the bench measures
-        # the time: the worst case, beside the adversarial table)
-        verdicts = answers_in_a_child("[t.judge(c[:8192], ev)[0] for c in t.PATHOLOGICAL for ev in t.pathological_evidence(c)]")
-        self.assertEqual(len(verdicts), len(PATHOLOGICAL) * len(pathological_evidence("x")))
-        self.assertLessEqual(set(verdicts), {V, C, I, U})
+        # the time: the worst case, beside the adversarial table). Each answer exactly: a crash would be U.
+        answers = answers_in_a_child("[t.judge(c[:8192], ev) for c in t.PATHOLOGICAL for ev in t.pathological_evidence(c)]")
+        shapes = len(pathological_evidence("x"))
+        letters = "".join({V: "V", C: "C", I: "I", U: "U"}[verdict] for verdict, _ in answers)
+        rows = [letters[i : i + shapes] for i in range(0, len(letters), shapes)]
+        self.assertEqual(list(zip(PATHOLOGICAL, rows)), list(zip(PATHOLOGICAL, PATHOLOGICAL_ANSWERS)))
+        self.assertEqual([codes for _, codes in answers if "verifier_error" in codes], [])
 
     def test_2_the_reviews_big_bodies_are_answered(self):
         # was: 9 s (sql), 1.8 s (URLs), 0.26 s, 0.17 s, 0.15 s; their time is measured in the bench's adversarial table
-        for (label, body), got in zip(big_bodies(), answers_in_a_child("[t.parse_judge_sign(b) for _, b in t.big_bodies()]")):
+        got = answers_in_a_child("[t.answer_and_codes('/verify', b) for _, b in t.big_bodies()]")
+        for (label, body), answered in zip(big_bodies(), got):
             self.assertLessEqual(len(body), va.MAX_BODY, label)
-            self.assertIn(got, (C, I, "invalid_json"), label)
+            self.assertEqual(tuple(answered), ADVERSARIAL_ANSWERS[label], label)
 
     def test_6_reason_codes_and_receipts_carry_no_input(self):
         marker = "zq" + "x" * 10 + "marker"
@@ -1272,17 +1332,22 @@ class PeerFailures(unittest.TestCase):
 
     def test_8_false_verified_now_right(self):
         self.assertEqual(judge("Fixed a.py", {"diff": D_DATA}), (C, ["path_not_in_diff", "action_matches_lines"]))
-        self.assertNotEqual(judge("Added rate limiting to src/user.py", {"diff": D_PRINT})[0], V)
+        self.assertEqual(judge("Added rate limiting to src/user.py", {"diff": D_PRINT}),
+                         (I, ["path_in_diff", "content_words_absent", "action_matches_lines"]))
         self.assertEqual(judge("Created report.txt", {"path": "/tmp/other.txt", "exists_before": False,
-                                                      "exists_after": True})[0], C)
-        self.assertNotEqual(judge("Updated user 5", {"affected_rows": 0, "before_count": 3, "after_count": 3,
-                                                     "operation": "UPDATE users SET a = 1 WHERE id = 5"})[0], V)
+                                                      "exists_after": True}), (C, ["path_mismatch", "existence_matches"]))
+        self.assertEqual(judge("Updated user 5", {"affected_rows": 0, "before_count": 3, "after_count": 3,
+                                                  "operation": "UPDATE users SET a = 1 WHERE id = 5"}),
+                         (I, ["sql_kind_matches", "row_delta_matches", "affected_rows_zero", "sql_identifier_matches"]))
 
     def test_9_false_contradicted_now_right(self):
-        self.assertEqual(judge("Added `retry_count` to app/config.py", {"diff": D_PLAIN})[0], V)
-        self.assertEqual(judge("Deleted 10 stale sessions", DB_OP[0][1])[0], V)
-        self.assertEqual(judge("Sent the welcome email to bob@example.com", API_CALL[0][1])[0], V)
-        self.assertNotEqual(judge("Deployed version 2", {"result": "ok", "env": "prod"})[0], C)
+        self.assertEqual(judge("Added `retry_count` to app/config.py", {"diff": D_PLAIN}),
+                         (V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]))
+        self.assertEqual(judge("Deleted 10 stale sessions", DB_OP[0][1]),
+                         (V, ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "count_matches"]))
+        self.assertEqual(judge("Sent the welcome email to bob@example.com", API_CALL[0][1]),
+                         (V, ["status_matches_claim", "target_matches"]))
+        self.assertEqual(judge("Deployed version 2", {"result": "ok", "env": "prod"}), (I, ["no_signal"]))
 
     def test_5_receipts_hash_the_original_request(self):
         long_claim = "Deleted 10 stale sessions " + "x" * 8000
@@ -1323,13 +1388,17 @@ class Unsafe(unittest.TestCase):
 
     def test_13_a_code_outside_the_vocabulary_is_unsafe_with_a_receipt(self):
         original = va._JUDGES["generic"]
-        va._JUDGES["generic"] = lambda claim, ev, ev_json: (["no_such_code"], {})  # a misspelt code in a rule
-        try:
-            r = SERVICE.verify({"claim": "x", "evidence": {}})
-        finally:
-            va._JUDGES["generic"] = original
-        self.assertEqual((r["aar_verdict"], r["reason_codes"]), (U, ["verifier_error"]))
-        self.assertTrue(va.verify_receipt(r["receipt"], SERVICE.keyring)[0])
+        # a misspelt code, a code with another effect than its own, a signal that never fired: each a rule's bug
+        for signal in (va.Signal("no_such_code", "negative", 1), va.Signal("path_in_diff", "critical", 1),
+                       va.Signal("path_in_diff", "positive", 0)):
+            va._JUDGES["generic"] = lambda claim, ev, ev_json: ([signal], {})
+            try:
+                r = SERVICE.verify({"claim": "x", "evidence": {}})
+            finally:
+                va._JUDGES["generic"] = original
+            self.assertEqual((r["aar_verdict"], r["reason_codes"], r["signals"]),
+                             (U, ["verifier_error"], [{"code": "verifier_error", "effect": "unsafe", "count": 1}]))
+            self.assertTrue(va.verify_receipt(r["receipt"], SERVICE.keyring)[0])
 
     def test_7_a_failing_rule_still_gets_a_signed_unsafe_answer(self):
         original = va._JUDGES["generic"]
@@ -1340,6 +1409,970 @@ class Unsafe(unittest.TestCase):
             va._JUDGES["generic"] = original
         self.assertEqual((r["aar_verdict"], r["reason_codes"]), (U, ["verifier_error"]))
         self.assertTrue(va.verify_receipt(r["receipt"], SERVICE.keyring)[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Facts and checks (issue 25): every check fires in some rows and stays quiet in others; exact verdicts and codes
+# ---------------------------------------------------------------------------------------------------
+def one_file(path, *lines):
+    """A git diff of one file whose one hunk holds lines (each with its sign: '+', '-' or ' ')."""
+    old = sum(line[:1] in "- " for line in lines)
+    new = sum(line[:1] in "+ " for line in lines)
+    head = "diff --git a/%s b/%s\n--- a/%s\n+++ b/%s\n" % (path, path, path, path)
+    return head + "@@ -1,%d +1,%d @@\n" % (old, new) + "".join(line + "\n" for line in lines)
+
+
+def rows(op, affected=1, before=10, after=9):
+    """db_op evidence: an operation, affected_rows and the row counts before and after."""
+    return {"before_count": before, "after_count": after, "affected_rows": affected, "operation": op}
+
+
+def api(body, status=200, request=None):
+    """api_call evidence: a response body and status, and a request."""
+    return {"request": request or {}, "response_status": status, "response_body": body}
+
+
+DELETED = ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent"]  # a delete of one row, honestly told
+UPDATED = ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent"]
+PATH_ACTION = ["path_in_diff", "action_matches_lines"]
+SENT = ["status_matches_claim", "body_matches_claim"]
+# (claim, evidence, verdict, reason codes in order): the kind is dispatched by shape and also named
+TABLE_DB_OP = [
+    # only a plain WHERE confirms an identifier: a conjunction of simple predicates
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id=42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("delete from users where ID = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = '42'"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 042"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id IN (42)"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE users.id = 42 AND deleted_at IS NULL"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows('DELETE FROM "users" WHERE "users"."id" = 42'), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users u WHERE u.id = 42 AND u.tenant_id = 7"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users AS u WHERE u.id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE (id = 42) AND (tenant_id = 7)"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE ((id = 42 AND status <> 'gone'))"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id BETWEEN 40 AND 45 AND id = 42"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE created_at < DATE '2024-01-01' AND id = 42"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND email IS NOT NULL AND age >= -1"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND name = 'O''Brien'"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("/* nightly cleanup */ DELETE FROM users WHERE id = 42"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("-- cleanup\n# and more\nDELETE FROM users WHERE id = 42"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 LIMIT 1"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 RETURNING *"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42;"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42; -- done"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("WITH gone AS (SELECT 1) DELETE FROM users WHERE id = 42"), V,
+     DELETED + ["sql_identifier_matches"]),
+    # ... and any other shape leaves it unconfirmed: no positive from it, and the write cannot be verified
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 = 0"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 IS FALSE"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 XOR 1"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 /*! OR 1=1 */"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 /* note */"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 -- OR 1=1"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 # mysql"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 || 1"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 && 1"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 OR id = 43"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE NOT id <> 42"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND NOT banned"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND name LIKE '%x%'"), I,
+     DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = abs(42)"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE lower(name) = 'x' AND id = 42"), I,
+     DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 + 0"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id IN (SELECT id FROM banned)"), I,
+     DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND EXISTS (SELECT 1)"), I,
+     DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND 1"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND TRUE"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE (id = 42"), I, DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND name = 'a\\' OR 1=1 -- '"), I,
+     DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND name = 'x' COLLATE nocase"), I,
+     DELETED + ["where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = CASE WHEN 1 THEN 42 END"), I,
+     DELETED + ["where_not_plain"]),
+    # a second statement: only the first is judged, and it confirms no id
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42; DELETE FROM users"), I,
+     ["sql_kind_matches", "sql_multiple_statements", "row_delta_matches", "affected_rows_consistent",
+      "sql_identifier_unchecked"]),
+    ("Deleted 3 sessions", rows("DELETE FROM sessions WHERE expired = 1; DROP TABLE users", 3, 10, 7), I,
+     ["sql_kind_matches", "sql_multiple_statements", "row_delta_matches", "affected_rows_consistent",
+      "count_matches"]),
+    # a plain WHERE that pins something else, or nothing
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 43"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id <> 42"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id != 42 AND id = 42"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE tenant_id = 3"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = $1"), I, DELETED + ["sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = ?"), I, DELETED + ["sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE email = 'a@b.c'"), I, DELETED + ["sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE FROM users"), I, DELETED + ["sql_identifier_unchecked"]),
+    # rows against pinned identifiers: N ids are at most N rows
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42", 1000, 2000, 1000), C,
+     DELETED + ["affected_rows_exceed_claim", "sql_identifier_matches"]),
+    ("Deleted user 42", {"affected_rows": 999, "operation": "DELETE FROM users WHERE id = 42"}, C,
+     ["sql_kind_matches", "affected_rows_exceed_claim", "sql_identifier_matches"]),
+    ("Deleted user 42", {"before_count": 10, "after_count": 7, "operation": "DELETE FROM users WHERE id = 42"}, C,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_exceed_claim", "sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 = 0", 999, 1000, 1), C,
+     DELETED + ["affected_rows_exceed_claim", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 OR 1=1", 500, 600, 100), C,
+     DELETED + ["affected_rows_exceed_claim", "where_not_plain"]),
+    ("Deleted users 7 and 9", rows("DELETE FROM users WHERE id IN (7, 9)", 2, 10, 8), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted users 7, 8 and 9", rows("DELETE FROM users WHERE id IN (7, 8, 9)", 3, 10, 7), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted ids 7 and 9", rows("DELETE FROM users WHERE id IN (7, 9)", 3, 10, 7), C,
+     DELETED + ["affected_rows_exceed_claim", "sql_identifier_matches"]),
+    ("Deleted users 7 and 9", rows("DELETE FROM users WHERE id IN (7, 9, 11)", 2, 10, 8), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted #42", rows("DELETE FROM users WHERE id = 42", 2, 10, 8), C,
+     DELETED + ["affected_rows_exceed_claim", "sql_identifier_matches"]),
+    ("Updated the email of user 42", rows("UPDATE users SET email = 'x' WHERE id = 42", 999, 10, 10), C,
+     UPDATED + ["affected_rows_exceed_claim", "sql_identifier_matches"]),
+    ("Updated the email of user 42", rows("UPDATE users SET email = 'x' WHERE id = 42", 1, 10, 10), V,
+     UPDATED + ["sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM sessions WHERE user_id = 42", 5, 10, 5), C,
+     DELETED + ["affected_rows_exceed_claim", "sql_identifier_matches"]),
+    # an id another entity's preposition brings in names whose rows, not which: it bounds none
+    ("Deleted the sessions of user 42", rows("DELETE FROM sessions WHERE user_id = 42", 5, 10, 5), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted 5 sessions of user 42", rows("DELETE FROM sessions WHERE user_id = 42", 5, 10, 5), V,
+     DELETED + ["count_matches", "sql_identifier_matches"]),
+    ("Deleted 4 sessions of user 42", rows("DELETE FROM sessions WHERE user_id = 42", 5, 10, 5), C,
+     DELETED + ["count_mismatch", "sql_identifier_matches"]),
+    ("Deleted session 9 of user 42", rows("DELETE FROM sessions WHERE id = 9 AND user_id = 42"), V,
+     DELETED + ["sql_identifier_matches"]),
+    ("Deleted order 42 of customer 7", rows("DELETE FROM orders WHERE id = 42"), I,
+     DELETED + ["sql_identifier_unchecked"]),
+    # an identifier keeps its noun
+    ("Deleted order 42", rows("DELETE FROM orders WHERE customer_id = 42"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted order 42", rows("DELETE FROM orders WHERE customer_id = 7"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted order 42", rows("DELETE FROM customers WHERE id = 42"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted order 42", rows("DELETE FROM orders WHERE id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted order 42", rows('DELETE FROM "order" WHERE id = 42'), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted order 42", rows("DELETE FROM order_items WHERE order_id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted order 42", rows("DELETE FROM orders WHERE orderId = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted order 42", rows("DELETE FROM orders o WHERE o.id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted order 42", rows("DELETE FROM orders WHERE customers.id = 42"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted #42", rows("DELETE FROM orders WHERE id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted id 42", rows("DELETE FROM orders WHERE order_id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted #42", rows("DELETE FROM orders WHERE customer_id = 42"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted category 3", rows("DELETE FROM categories WHERE id = 3"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted order_id 42", rows("DELETE FROM orders WHERE id = 42"), V, DELETED + ["sql_identifier_matches"]),
+    ("Deleted order 42", rows("DELETE FROM orders USING customers WHERE id = 42"), I,
+     DELETED + ["sql_identifier_unchecked"]),
+    ("Counted the orders of customer 7", {"before_count": 4, "after_count": 4,
+                                          "operation": "SELECT count(*) FROM orders WHERE customer_id = 7"}, V,
+     ["sql_kind_matches", "row_delta_matches", "sql_identifier_matches"]),
+    ("Inserted user 42", {"before_count": 1, "after_count": 2, "affected_rows": 1,
+                          "operation": "INSERT INTO users (id) VALUES (42)"}, I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_unchecked"]),
+    # negated and reversed claims
+    ("Rolled back the deletion of user 42", rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_negated", "sql_identifier_matches"]),
+    ("No user was deleted", rows("DELETE FROM users WHERE id = 42"), I, ["claim_negated"]),
+    ("No rows were deleted for user 42", rows("DELETE FROM sessions WHERE user_id = 42"), I,
+     ["claim_negated", "sql_identifier_matches"]),
+    ("Did not delete user 42", rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_negated", "sql_identifier_matches"]),
+    ("Skipped deleting user 42", rows("DELETE FROM users WHERE id = 42"), I, ["claim_negated", "sql_identifier_matches"]),
+    ("Skipped the deletion of user 42", rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_negated", "sql_identifier_matches"]),
+    ("Skipped: deleted user 42 instead", rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_negated", "sql_kind_matches", "row_delta_matches", "affected_rows_consistent",
+      "sql_identifier_matches"]),
+]
+D_CHECK_PW = one_file("auth.py", " def login(user):", "-    check_password(user)", "+    check_password(user)",
+                      "     return True")
+D_CHECK_PW_TWICE = one_file("auth.py", "-    check_password(user)", "-    check_password(admin)",
+                            "+    check_password(user)", "     return True")
+D_CHECK_PW_GONE = one_file("auth.py", " def login(user):", "-    check_password(user)", "     return True")
+D_CHECK_PW_COMMENTED = one_file("auth.py", "-    check_password(user)", "+    # check_password(user)", "     x")
+D_CHECK_PW_MOVED = (one_file("auth.py", "-    check_password(user)", "     x")
+                    + one_file("login.py", "+    check_password(user)", "     x"))
+D_TODO_ONLY = one_file("src/api.py", " def handle(request):", "+    # TODO: rate limiting is not implemented yet",
+                       "     return respond(request)")
+D_LIMITER = one_file("src/api.py", " def handle(request):", "+    limiter = RateLimiter(max_calls=10)",
+                     "     return respond(request)")
+TABLE_CODE_DIFF = [
+    # a removal is a removal: removed and added back is no removal
+    ("Removed `check_password` from auth.py", D_CHECK_PW, C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Removed the `check_password` call from auth.py", D_CHECK_PW, C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Removed `check_password`", D_CHECK_PW, C, ["identifier_restored", "action_matches_lines"]),
+    ("Deleted the check_password call in auth.py", D_CHECK_PW, C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Removed `check_password` from auth.py", D_CHECK_PW_TWICE, I,
+     ["path_in_diff", "identifier_still_present", "action_matches_lines"]),
+    ("Removed `check_password` from auth.py", D_CHECK_PW_GONE, V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Removed `check_password` from auth.py", D_CHECK_PW_COMMENTED, V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Removed `check_password` from auth.py", D_CHECK_PW_MOVED, I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "unnamed_files_changed"]),
+    ("Removed `check_password`", D_CHECK_PW_MOVED, V, ["identifier_in_changed_lines", "action_matches_lines"]),
+    ("Replaced `check_password` in auth.py", D_CHECK_PW, V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `retry_on_timeout` to src/net.py",
+     one_file("src/net.py", " x", "+def retry_on_timeout(call):", "+    return call()"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `retry_on_timeout` to src/net.py", one_file("src/net.py", " x", "+    # retry_on_timeout(call)"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `retry_on_timeout` to src/net.py", one_file("src/net.py", " x", "-retry_on_timeout = None"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_mismatch_lines"]),
+    ("Removed `legacy_login` from src/auth.py",
+     one_file("src/auth.py", "-def legacy_login(user):", "-    return True", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Removed `legacy_login` from src/auth.py",
+     one_file("src/auth.py", "-def legacy_login(user):", "+def legacy_login(user, strict=False):", " x"), C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Removed `legacy_login` and `old_hash` from src/auth.py",
+     one_file("src/auth.py", "-legacy_login()", "-old_hash()", "+old_hash()", " x"), C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Removed the TODO about `legacy_login` from src/auth.py",
+     one_file("src/auth.py", "-# TODO: drop legacy_login", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added validation of `order.total` to src/orders.py",
+     one_file("src/orders.py", " def save(order):", "+    if order.total < 0:", "+        raise ValueError()"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added validation of `order.total` to src/orders.py",
+     one_file("src/orders.py", " def save(order):", '+    """Checks order.total."""', "+    pass"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    # comments, blank lines, docstrings and placeholders are not code
+    ("Added rate limiting to src/api.py", D_TODO_ONLY, I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Added rate limiting to src/api.py", D_LIMITER, V, PATH_ACTION),
+    ("Implemented rate limiting in src/api.py", D_LIMITER, V, PATH_ACTION),
+    ("Added rate limiting to src/api.py",
+     one_file("src/api.py", " def handle(request):", "+    pass  # TODO rate limiting"), I,
+     ["path_in_diff", "content_words_absent", "action_matches_lines"]),
+    ("Added rate limiting to src/api.py",
+     one_file("src/api.py", " def handle(request):", '+    raise NotImplementedError("rate limiting")'), I,
+     ["path_in_diff", "content_words_absent", "action_matches_lines"]),
+    ("Added rate limiting to src/api.py", one_file("src/api.py", " x", '+    """Rate limiting for the API."""'), I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Added rate limiting to src/api.py",
+     one_file("src/api.py", " def handle(request):", '+    """', "+    Rate limiting: every caller gets 10 calls.",
+              '+    """'), I, ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Added rate limiting to src/api.js",
+     one_file("src/api.js", " function handle(req) {", "+  /* rate limiting", "+   * comes later", "+   */"), I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Added rate limiting to src/api.js", one_file("src/api.js", " x", "+  // rate limiting goes here", "+"), I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Added rate limiting to db/schema.sql", one_file("db/schema.sql", " x", "+-- rate limiting table"), I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Added `rate_limit` to src/api.py", one_file("src/api.py", " x", "+# rate_limit = 10"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `rate_limit` to src/api.py", one_file("src/api.py", " x", "+rate_limit = 10  # per minute"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/api.py", one_file("src/api.py", " x", "+rate_limit = 10  # TODO tune"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/api.py", one_file("src/api.py", " x", "+x = 1  # TODO rate_limit"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `MAX_RETRIES` to src/config.h", one_file("src/config.h", " x", "+#define MAX_RETRIES 5"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added a null check for `user.email` to src/user.py",
+     one_file("src/user.py", " x", "+    # if user.email is None: raise"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `helpers` to src/app.py", one_file("src/app.py", " x", "+# import helpers"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `Debug` to src/lib.rs", one_file("src/lib.rs", " x", "+#[derive(Debug)]"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `todo_list` to src/app.py", one_file("src/app.py", " x", "+todo_list = []"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added a check of `user.email` to src/user.py",
+     one_file("src/user.py", " x", "+    if not self.user.email.strip():"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added a usage section to README.md", one_file("README.md", " x", "+## Usage", "+Run `make test`."), V,
+     PATH_ACTION),
+    ("Added rate limiting docs to README.md", one_file("README.md", " x", "+TODO: document rate limiting"), I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Added blank lines to src/api.py", one_file("src/api.py", " x", "+", "+   "), I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Fixed the typo in src/api.py", one_file("src/api.py", "-# teh value", "+# the value", " x"), I,
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
+    ("Fixed the timeout in src/api.py", one_file("src/api.py", "-timeout = 5", "+timeout = 30", " x"), V,
+     PATH_ACTION),
+    ("Updated the comment in src/api.py", one_file("src/api.py", "-# teh value", "+# the value", " x"), I,
+     ["path_in_diff", "content_words_absent", "action_matches_lines"]),
+    # negated and reversed actions are not adds: added lines cannot verify them
+    ("Skipped adding rate limiting to src/api.py", D_LIMITER, I, PATH_ACTION + ["claim_negated"]),
+    ("Reverted the change that added rate limiting to src/api.py", D_LIMITER, I, PATH_ACTION + ["claim_negated"]),
+    ("Rolled back rate limiting in src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Backed out the rate limiter in src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Undid the rate limiter in src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Did not add rate limiting to src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Didn't add rate limiting to src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Never implemented rate limiting in src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Did not actually add rate limiting to src/api.py", D_LIMITER, I, ["path_in_diff", "claim_negated"]),
+    ("Added rate limiting to src/api.py without changing the API", D_LIMITER, V, PATH_ACTION),
+    ("Added an undo button to src/ui.py", one_file("src/ui.py", " x", "+undo_button = Button('undo')"), V,
+     PATH_ACTION),
+    ("Added undo support to src/ui.py", one_file("src/ui.py", " x", "+undo_stack = []"), I,
+     PATH_ACTION + ["claim_negated"]),
+    ("Did not remove `auth_check` from app.py", D_AUTH, I,
+     ["path_in_diff", "identifier_in_changed_lines", "claim_negated"]),
+    ("Reverted `rate_limit` in src/user.py", D_RATE_RM, I,
+     ["path_in_diff", "identifier_in_changed_lines", "claim_negated"]),
+]
+TABLE_API_CALL = [
+    # text bodies are read with their negation
+    ("Sent the email", api("The email was not sent."), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Message could not be delivered"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("The message wasn\u2019t delivered"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("The message wasn't delivered"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Never sent: the address is invalid"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("No message was sent"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Nothing sent"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Delivery failed: mailbox full"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Not sent: quota exceeded"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Unable to send the message"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Message rejected by the server"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Email sent. Later it bounced."), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Sending refused"), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api("Email sent"), V, SENT),
+    ("Sent the email", api("Your message was sent successfully."), V, SENT),
+    ("Sent the email", api("Sent with no errors"), V, SENT),
+    ("Sent the email", api("sent: 12, failed: 0"), V, SENT),
+    ("Sent the email", api("0 failed; all delivered"), V, SENT),
+    ("Sent the email", api("Not only queued: it was sent."), V, SENT),
+    ("Sent the email", api("It was not queued. It was sent."), V, SENT),
+    ("Sent the email", api("Message queued"), I, ["status_matches_claim"]),
+    ("Sent the email", api("Message queued", 503), C, ["status_failure"]),
+    ("The email could not be sent", api("Message could not be delivered", 500), V, SENT),
+    ("The email was not sent", api("Email sent"), C, ["status_contradicts_failure_claim", "body_contradicts_failure_claim"]),
+    # JSON bodies are read at every depth and in lists
+    ("Sent the email", api({"data": {"status": "failed"}}), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"data": {"results": [{"status": "ok"}, {"status": "error"}]}}), C,
+     ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"data": {"errors": ["quota"]}}), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"data": {"errors": {"to": "invalid"}}}), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"data": {"error": {"code": 5}}}), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"data": {"ok": False}}), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api([{"success": True}, {"success": False}]), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"results": [{"status": 201}, {"status": 400}]}), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"Result": {"State": "Bounced"}}), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api('{"data": {"status": "failed"}}'), C, ["status_matches_claim", "body_failure"]),
+    ("Sent the email", api({"data": {"message": "status: failed"}}), I, ["status_matches_claim"]),
+    ("Sent the email", api({"data": {"status": "sent", "error": None, "errors": []}}), V, SENT),
+    ("Sent the email", api({"data": {"error": "", "errors": 0, "status": "delivered"}}), V, SENT),
+    ("Sent the email", api({"data": {"error": False, "ok": True}}), V, SENT),
+    ("Sent the email", api([{"status": "sent"}, {"status": "sent"}]), V, SENT),
+    ("Sent the email", api({"results": [{"status": 202}]}), I, ["status_matches_claim"]),
+    ("Sent the email", api({"data": {"sent": True, "bounced": False}}), I, ["status_matches_claim"]),
+    ("The payment failed", api({"data": {"status": "declined"}}, 402), V, SENT),
+    ("The payment failed", api({"data": {"status": "succeeded"}}), C,
+     ["status_contradicts_failure_claim", "body_contradicts_failure_claim"]),
+    ("Posted the invoice to https://billing.example.com/invoices", api({"status": "created"}, 201,
+                                                                      {"url": "https://billing.example.com/invoices"}),
+     V, ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Posted the invoice to https://billing.example.com/invoices", api({"status": "created"}, 201,
+                                                                      {"url": "https://evil.example.com/invoices"}),
+     C, ["status_matches_claim", "body_matches_claim", "target_mismatch"]),
+    ("Sent the receipt to ann@example.com", api("Queued for delivery; not yet sent", 202, {"to": "ann@example.com"}),
+     C, ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Sent the receipt to ann@example.com", api({"message": {"status": "sent"}}, 200, {"to": "ann@example.com"}),
+     V, ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Sent the receipt to ann@example.com", api({"results": [{"to": "ann@example.com", "status": "rejected"}]}, 200,
+                                                {"to": "ann@example.com"}),
+     C, ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Created order 42 successfully", api({"data": {"order": {"id": 42, "state": "failed"}}}, 201,
+                                         {"order_id": 42}), C, ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Created order 42 successfully", api({"data": {"order": {"id": 42, "state": "created"}}}, 201,
+                                         {"order_id": 42}), V,
+     ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Message delivered", api("Delivered, though 2 recipients bounced"), C, ["status_matches_claim", "body_failure"]),
+    ("Message delivered", api("Delivered to 2 recipients"), V, SENT),
+    ("Message delivered", api("Delivered: no bounces, no errors"), V, SENT),
+    # targets
+    ("Charged customers 77 and 78", api({"ok": True}, 200, {"url": "https://x.io/customers/77/charges",
+                                                            "ids": "78"}), C, ["target_mismatch"]),
+    ("Charged customer 77 successfully", api({"ok": True}, 200, {"url": "https://x.io/customers/77/charges"}), V,
+     ["status_matches_claim", "body_matches_claim", "target_matches"]),
+]
+TABLE_GENERIC = [
+    # outcome counters: a claimed pass, success or completion against failures counted anywhere
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3",
+     {"build": "build_4411", "runner": "runner_a7", "commit": "commit_9f3", "tests": {"failed": 12, "passed": 0}}, C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3",
+     {"build": "build_4411", "runner": "runner_a7", "commit": "commit_9f3", "tests": {"failed": 0, "passed": 12}}, V,
+     ["entities_match"]),
+    ("Smoke tests passed on staging_eu for release_4_2 with ticket_881",
+     {"env": "staging_eu", "release": "release_4_2", "ticket": "ticket_881", "results": {"summary": {"failed": 4}}},
+     C, ["entities_match", "outcome_conflict"]),
+    ("Smoke tests passed on staging_eu for release_4_2 with ticket_881",
+     {"env": "staging_eu", "release": "release_4_2", "ticket": "ticket_881", "results": {"summary": {"failed": 0}}},
+     V, ["entities_match"]),
+    ("Lint succeeded", {"lint": {"warnings": 3, "errors": 0}, "status": "ok"}, I, ["outcome_matches"]),
+    ("Lint succeeded", {"lint": {"warnings": 3, "errors": 2}, "status": "ok"}, C, ["outcome_conflict"]),
+    ("Lint failed", {"lint": {"errors": 2}}, I, ["outcome_matches"]),
+    ("The sync completed", {"synced": 120, "failed": 0, "state": "done"}, I, ["no_signal"]),
+    ("The sync completed", {"synced": 120, "failures": [], "state": "done"}, I, ["no_signal"]),
+    ("status is ok", {"status": "ok", "errors": 3}, C, ["explicit_value_match", "outcome_conflict"]),
+    ("Tests passed", {"summary": {"failures": 2, "tests": 40}}, C, ["outcome_conflict"]),
+    ("Tests passed", {"counts": {"failing": 1}}, C, ["outcome_conflict"]),
+    ("Build succeeded", {"counts": {"errors": 1}}, C, ["outcome_conflict"]),
+    ("Build succeeded", {"steps": [{"error_count": 0}, {"error_count": 3}]}, C, ["outcome_conflict"]),
+    ("Build succeeded", {"failed_count": "3"}, C, ["outcome_conflict"]),
+    ("Migration completed", {"summary": {"failed": True}}, C, ["outcome_conflict"]),
+    ("Migration completed", {"errors": ["table locked"]}, C, ["outcome_conflict"]),
+    ("All checks passed", {"passed": 0, "total": 12}, C, ["outcome_conflict"]),
+    ("All checks passed", {"suite": {"passed": 0, "skipped": 1, "tests": 5}}, C, ["outcome_conflict"]),
+    ("All checks passed", {"a": {"passed": 0, "total": 0}, "b": {"passed": 5, "total": 5}}, I, ["no_signal"]),
+    ("All checks passed", {"passed": 12, "total": 12}, I, ["no_signal"]),
+    ("Build succeeded", {"counts": {"errors": 0, "warnings": 3}}, I, ["no_signal"]),
+    ("Build succeeded", {"errors": []}, I, ["no_signal"]),
+    ("Build succeeded", {"status": "success", "failed": 0}, I, ["outcome_matches"]),
+    ("Build succeeded", {"status": "success", "failed": 2}, C, ["outcome_conflict"]),
+    ("The tests failed", {"failed": 3}, I, ["outcome_matches"]),
+    ("The tests did not pass", {"failed": 3}, I, ["outcome_matches", "claim_negated"]),
+    ("The nightly job ran", {"errors": 2}, I, ["evidence_reports_failure"]),
+    ("Backup of 3 databases completed in 2 minutes with 0 errors",
+     {"status": "ok", "databases": 3, "minutes": 2, "errors": 0}, I, ["outcome_matches"]),
+    ("Deployed build_77 to prod_eu from commit_ab12 successfully",
+     {"build": "build_77", "target": "prod_eu", "commit": "commit_ab12", "report": {"failed": 1}}, C,
+     ["entities_match", "outcome_conflict"]),
+    ("Deployed build_77 to prod_eu from commit_ab12 successfully",
+     {"build": "build_77", "target": "prod_eu", "commit": "commit_ab12", "report": {"failed": 0}}, V,
+     ["entities_match"]),
+    ("Copied orders_2024 to backup_2024 via job_12", {"src": "orders_2024", "dst": "backup_2024",
+                                                      "job": "job_12"}, V, ["entities_match"]),
+    ("Copied orders_2024 to backup_2024 via job_12 successfully",
+     {"src": "orders_2024", "dst": "backup_2024", "job": "job_12", "status": "failed"}, C,
+     ["entities_match", "outcome_conflict"]),
+]
+TABLE_FILE_OP = [
+    ("Skipped deleting tmp.txt", {"path": "tmp.txt", "exists_before": True, "exists_after": False}, I,
+     ["claim_negated", "path_matches"]),
+    ("Reverted: deleted tmp.txt", {"path": "tmp.txt", "exists_before": True, "exists_after": False}, I,
+     ["claim_negated", "path_matches", "existence_matches"]),
+    ("Rolled back the creation of notes.md", {"path": "notes.md", "exists_before": False, "exists_after": True}, I,
+     ["claim_negated", "path_matches"]),
+    ("Did not overwrite app.cfg", {"path": "app.cfg", "exists_before": True, "exists_after": True}, I,
+     ["claim_negated", "path_matches"]),
+    ("Overwrote app.cfg with 12 lines", {"path": "etc/app.cfg", "exists_before": True, "exists_after": True,
+                                         "line_count": 12}, V, ["path_matches", "existence_matches", "line_count_matches"]),
+    ("Wrote 60 lines to out.txt", {"path": "out.txt", "exists_before": False, "exists_after": True, "line_count": 55},
+     I, ["path_matches", "existence_matches", "line_count_off"]),
+    ("Wrote 200 lines to out.txt", {"path": "out.txt", "exists_before": False, "exists_after": True,
+                                    "line_count": 100}, C, ["path_matches", "existence_matches", "line_count_mismatch"]),
+    ("Saved 2 KiB to out.bin", {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 2048}, V,
+     ["path_matches", "existence_matches", "size_matches"]),
+    ("Saved 0 bytes to out.bin", {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 0}, V,
+     ["path_matches", "existence_matches", "size_matches"]),
+    ("Saved 5 bytes to out.bin", {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 0}, C,
+     ["path_matches", "existence_matches", "size_mismatch"]),
+    ("Moved a.txt to b.txt", {"path": "a.txt", "new_path": "b.txt", "exists_before": True, "exists_after": True}, V,
+     ["path_matches", "existence_matches"]),
+    ("Moved a.txt to b.txt", {"path": "a.txt", "new_path": "b.txt", "exists_before": True, "exists_after": False}, C,
+     ["path_matches", "end_state_mismatch"]),
+    ("Deleted ./tmp/x.log", {"path": "/srv/tmp/x.log", "exists_before": True, "exists_after": False}, V,
+     ["path_matches", "existence_matches"]),
+    ("Deleted x.log", {"path": "/srv/tmp/ax.log", "exists_before": True, "exists_after": False}, C,
+     ["path_mismatch", "existence_matches"]),
+    ("Deleted tmp.txt", {"path": "tmp.txt", "exists_before": True, "exists_after": False}, V,
+     ["path_matches", "existence_matches"]),
+    ("Created report.txt and did not delete cache.db", {"path": "report.txt", "exists_before": False,
+                                                        "exists_after": True}, C, ["path_mismatch", "existence_matches"]),
+    ("Created report.txt without deleting anything", {"path": "report.txt", "exists_before": False,
+                                                      "exists_after": True}, V, ["path_matches", "existence_matches"]),
+]
+CHECK_TABLES = {"code_diff": TABLE_CODE_DIFF, "db_op": TABLE_DB_OP, "file_op": TABLE_FILE_OP, "api_call": TABLE_API_CALL,
+                "generic": TABLE_GENERIC}
+
+
+def judged(kind, claim, evidence):
+    """(verdict, reason codes) of a table case, its kind named."""
+    ev = {"diff": evidence} if kind == "code_diff" and isinstance(evidence, str) else evidence
+    return judge(claim, ev, kind)
+
+
+def every_case():
+    """(kind, claim, evidence, verdict, codes) of every case of every table: the older tables (whose code lists are
+    exact too) and those above."""
+    older = {"code_diff": CODE_DIFF, "db_op": DB_OP, "file_op": FILE_OP, "api_call": API_CALL, "generic": GENERIC}
+    for kind in va.KINDS:
+        for claim, evidence, verdict, codes in older[kind] + CHECK_TABLES[kind]:
+            yield kind, claim, evidence, verdict, codes
+
+
+class CheckTables(unittest.TestCase):
+    """Every rule of spec section 10 and every named check: table rows that fire it and rows that must not, with
+    exact verdicts and exact reason codes (in the order of the checks' tables)."""
+
+    def test_every_case_exactly(self):
+        for kind, claim, evidence, verdict, codes in every_case():
+            self.assertEqual(judged(kind, claim, evidence), (verdict, codes), (kind, claim))
+
+    def test_dispatch_by_shape_agrees(self):
+        for kind, claim, evidence, verdict, codes in every_case():
+            ev = {"diff": evidence} if kind == "code_diff" else evidence
+            if va.dispatch_kind(ev) == kind:
+                self.assertEqual(judge(claim, ev), (verdict, codes), (kind, claim))
+
+    def test_many_cases_and_verified_stays_reachable(self):
+        cases = list(every_case())
+        new = sum(len(table) for table in CHECK_TABLES.values())
+        self.assertGreaterEqual(new, 200)
+        for kind in va.KINDS:  # tricks and honest positives side by side
+            verdicts = [verdict for k, _, _, verdict, _ in cases if k == kind]
+            self.assertGreaterEqual(verdicts.count(V), 4, kind)
+            self.assertGreaterEqual(verdicts.count(C) + verdicts.count(I), 4, kind)
+
+    def test_every_check_fires_and_stays_quiet(self):
+        fired = {}
+        for kind, claim, evidence, verdict, codes in every_case():
+            for code in va.REASONS:
+                fired.setdefault((kind, code), set()).add(code in codes)
+        for kind, table in va.CHECKS.items():
+            for test, code, effect in table:
+                self.assertEqual(fired.get((kind, code)), {True, False}, (kind, code, test.__name__))
+
+    def test_every_check_is_load_bearing(self):
+        # each row replaced by a check that never fires: some case of the tables must then answer differently
+        cases = list(every_case())
+        caught = []
+        for kind, table in va.CHECKS.items():
+            for row, (test, code, effect) in enumerate(table):
+                mutated = table[:row] + ((never_fires, code, effect),) + table[row + 1 :]
+                va.CHECKS[kind] = mutated
+                try:
+                    changed = [claim for k, claim, ev, verdict, codes in cases
+                               if k == kind and judged(k, claim, ev) != (verdict, codes)]
+                finally:
+                    va.CHECKS[kind] = table
+                self.assertTrue(changed, (kind, code))
+                caught.append((kind, code))
+        self.assertEqual(len(caught), sum(len(table) for table in va.CHECKS.values()))
+
+
+def never_fires(claim, evidence):
+    """A mutant of any check: it never fires."""
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Signals: the decision and confidence functions, re-implemented here from the text of /rules, are applied to every
+# /verify and MCP response this module's services produce (Service.verify is wrapped below)
+# ---------------------------------------------------------------------------------------------------
+RULES_DECISION = (  # the text the two functions below were written from; a change to it must revisit them
+    "Over signals, each {code, effect, count}: P is the sum of the counts of the positive signals, N that of the "
+    "negative ones. Any unsafe signal -> unsafe_to_verify; else any critical signal -> contradicted; else N = 0 and "
+    "P >= 2 -> verified; else N >= 2 and P = 0 -> contradicted; else insufficient_evidence."
+)
+RULES_CONFIDENCE = (
+    "Confidence in the stated verdict, rounded to 3 decimals: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted "
+    "0.9 with a critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0."
+)
+
+
+def recomputed(signals):
+    """(verdict, confidence) of a list of signals ({code, effect, count}) by RULES_DECISION and RULES_CONFIDENCE."""
+    p = sum(s["count"] for s in signals if s["effect"] == "positive")
+    n = sum(s["count"] for s in signals if s["effect"] == "negative")
+    effects = {s["effect"] for s in signals}
+    if "unsafe" in effects:
+        return U, 0.0
+    if "critical" in effects:
+        return C, 0.9
+    if n == 0 and p >= 2:
+        return V, round(min(0.95, 0.6 + 0.1 * (p - 2)), 3)
+    if n >= 2 and p == 0:
+        return C, round(min(0.9, 0.6 + 0.1 * (n - 2)), 3)
+    return I, 0.5
+
+
+CHECKED = {"responses": 0, "wrong": []}  # what the wrapper below saw
+
+
+def recompute_problem(response):
+    """What is wrong with a /verify response by the documented rules (None when nothing is): its verdict and
+    confidence recomputed from its signals, its reason codes from its signals, its receipt's copies of them."""
+    signals, receipt = response["signals"], response["receipt"]
+    codes = list(dict.fromkeys(s["code"] for s in signals)) or ["no_signal"]
+    documented = RULES["reason_codes"]
+    wrong_effects = [s for s in signals if documented[s["code"]]["effect"] != s["effect"] or s["count"] < 1]
+    got = (response["aar_verdict"], response["confidence"])
+    in_receipt = (receipt["verdict"], receipt["confidence"], receipt["signals"], receipt["reason_codes"])
+    if recomputed(signals) != got or response["reason_codes"] != codes or wrong_effects:
+        return "verdict, confidence or codes not those of the signals"
+    if in_receipt != got + (signals, codes) or recomputed(receipt["signals"]) != got:
+        return "the receipt does not carry what the response says"
+    return None
+
+
+def checked_verify(verify):
+    """Service.verify, each response checked by recompute_problem."""
+    def verify_and_check(self, request, members=None):
+        response = verify(self, request, members)
+        CHECKED["responses"] += 1
+        problem = recompute_problem(response)
+        if problem:
+            CHECKED["wrong"].append((problem, response["reason_codes"]))
+        return response
+    return verify_and_check
+
+
+RULES = va.rules_document()
+va.Service.verify = checked_verify(va.Service.verify)
+
+
+def tearDownModule():
+    # every response the suite produced was checked, and each one's signals give its verdict and confidence
+    if CHECKED["wrong"]:
+        raise AssertionError("signals check: %d responses, wrong: %r" % (CHECKED["responses"], CHECKED["wrong"][:5]))
+
+
+class Signals(unittest.TestCase):
+    """Responses and receipts carry signals, from which anyone can recompute the verdict (spec section 10)."""
+
+    def test_rules_state_the_functions_this_module_implements(self):
+        self.assertEqual((RULES["decision"], RULES["confidence"]), (RULES_DECISION, RULES_CONFIDENCE))
+        self.assertIn("evidence_invalid, evidence_too_large and verifier_error (unsafe", RULES["signals"])
+        self.assertEqual({r["effect"] for r in RULES["reason_codes"].values()},
+                         {"positive", "negative", "critical", "unsafe", "none"})
+        unsafe = {code for code, r in RULES["reason_codes"].items() if r["effect"] == "unsafe"}
+        self.assertEqual(unsafe, {"evidence_invalid", "evidence_too_large", "verifier_error"})
+
+    def test_every_response_is_checked(self):
+        # /verify and MCP tools/call, in process and over HTTP, go through the wrapped Service.verify
+        before = CHECKED["responses"]
+        SERVICE.verify({"claim": "x", "evidence": {}})
+        SERVICE.post("/verify", b'{"claim": "x", "evidence": {}}', {})
+        call = {"name": "verify_action", "arguments": {"claim": "x", "evidence": {}}}
+        SERVICE.mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})
+        server, thread = in_process_server()
+        try:
+            raw_exchange(server.port, post_bytes(b'{"claim": "x", "evidence": {}}'))
+        finally:
+            server.shutdown()
+            thread.join(5)
+        self.assertEqual(CHECKED["responses"], before + 4)
+        self.assertEqual(CHECKED["wrong"], [])
+
+    def test_the_recomputation_itself(self):
+        def sig(*effects):
+            return [{"code": "x", "effect": e, "count": c} for e, c in effects]
+        cases = [(sig(("positive", 1), ("positive", 1)), (V, 0.6)), (sig(("positive", 4)), (V, 0.8)),
+                 (sig(("positive", 9)), (V, 0.95)), (sig(("positive", 1)), (I, 0.5)), ([], (I, 0.5)),
+                 (sig(("positive", 3), ("negative", 1)), (I, 0.5)), (sig(("negative", 2)), (C, 0.6)),
+                 (sig(("negative", 9)), (C, 0.9)), (sig(("negative", 2), ("positive", 1)), (I, 0.5)),
+                 (sig(("critical", 1), ("positive", 7)), (C, 0.9)), (sig(("unsafe", 1), ("critical", 1)), (U, 0.0))]
+        for signals, want in cases:
+            self.assertEqual(recomputed(signals), want, signals)
+            typed = [va.Signal(s["code"], s["effect"], s["count"]) for s in signals]
+            self.assertEqual((va.decide(typed), va.confidence(va.decide(typed), typed)), want, signals)
+
+    def test_every_table_case_recomputes(self):
+        for kind, claim, evidence, verdict, codes in every_case():
+            ev = {"diff": evidence} if kind == "code_diff" and isinstance(evidence, str) else evidence
+            r = SERVICE.verify(va.validate_request({"claim": claim, "evidence": ev, "kind": kind}))
+            self.assertIsNone(recompute_problem(r), claim)
+
+    def test_repeated_signals_are_counted_and_recomputed(self):
+        r = SERVICE.verify({"claim": "Copied orders_2024 to backup_2024 via job_12 and job_13",
+                            "evidence": {"src": "orders_2024", "dst": "backup_2024", "jobs": ["job_12", "job_13"]}})
+        self.assertEqual(r["signals"], [{"code": "entities_match", "effect": "positive", "count": 4}])
+        self.assertEqual((r["aar_verdict"], r["confidence"], r["reason_codes"]), (V, 0.8, ["entities_match"]))
+        self.assertEqual(r["receipt"]["signals"], r["signals"])
+
+    def test_receipts_carry_signals_and_are_checked_with_them(self):
+        ring = va.KeyRing.generate()
+        rec = va.Service(ring).verify({"claim": "status is ok", "evidence": {"status": "ok"}})["receipt"]
+        self.assertEqual(list(rec), list(va.RECEIPT_FIELDS))
+        self.assertEqual(rec["signals"], [{"code": "explicit_value_match", "effect": "positive", "count": 1}])
+        self.assertEqual(va.verify_receipt(rec, ring), (True, "ok", ring.kid))
+        for changed in ([], [{"code": "explicit_value_match", "effect": "positive", "count": 2}]):
+            self.assertEqual(va.verify_receipt(dict(rec, signals=changed), ring)[:2], (False, "bad_signature"))
+        without = {k: v for k, v in rec.items() if k != "signals"}  # stripped of its signals: the MAC says so
+        self.assertEqual(va.verify_receipt(without, ring)[:2], (False, "bad_signature"))
+        earlier = {k: v for k, v in without.items() if k != "signature"}  # a receipt signed before signals existed
+        earlier["signature"] = ring.mac(ring.kid, earlier)
+        self.assertEqual(va.verify_receipt(earlier, ring), (True, "ok", ring.kid))
+        self.assertEqual(va.verify_receipt(dict(earlier, extra=1), ring)[:2], (False, "malformed"))
+        spec = va.spec_document("off")
+        self.assertIn("decision and confidence", spec["receipt"]["fields"]["signals"])
+        self.assertIn("signals", spec["receipt"]["recompute"])
+
+    def test_mcp_output_schema_and_result_carry_signals(self):
+        tool = SERVICE.mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})["result"]["tools"][0]
+        schema = tool["outputSchema"]
+        self.assertIn("signals", schema["required"])
+        self.assertEqual(schema["properties"]["signals"]["items"]["properties"]["effect"]["enum"],
+                         ("positive", "negative", "critical", "unsafe"))
+        args = {"claim": "Deleted user 42", "evidence": rows("DELETE FROM users WHERE id = 42")}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "verify_action", "arguments": args}}
+        result = SERVICE.mcp(call)["result"]["structuredContent"]
+        self.assertEqual([s["code"] for s in result["signals"]], DELETED + ["sql_identifier_matches"])
+        self.assertEqual(json.loads(json.dumps(result))["signals"], result["signals"])
+
+    def test_rules_list_every_check_in_table_order(self):
+        for kind, table in va.CHECKS.items():
+            listed = [(row["code"], row["effect"], row["check"]) for row in RULES["checks"][kind]]
+            self.assertEqual(listed, [(code, effect, test.__name__) for test, code, effect in table])
+            for row in RULES["checks"][kind]:
+                self.assertTrue(row["rule"].endswith(".") and len(row["rule"]) > 30, row)
+                self.assertEqual(row["alone"], row["code"] in ("diff_no_changes", "conflicting_verbs"))
+        self.assertEqual(set(RULES["reason_codes"]), set(va.REASONS))
+        page = va.render_page()
+        for code, reason in RULES["reason_codes"].items():
+            self.assertIn("<code>%s</code>" % code, page)
+
+    def test_a_code_shared_by_tables_has_one_check_and_one_effect(self):
+        rows_of = {}
+        for kind, table in va.CHECKS.items():
+            for test, code, effect in table:
+                rows_of.setdefault(code, set()).add((test, effect))
+        for code, found in rows_of.items():
+            self.assertEqual(len(found), 1, code)
+        self.assertEqual(va.REASONS["claim_negated"].kind, "code_diff, db_op, file_op, generic")
+        self.assertEqual(va.REASONS["conflicting_verbs"].kind, "db_op, file_op")
+
+
+class SqlWhere(unittest.TestCase):
+    """The WHERE clause parser: a conjunction of simple predicates is plain and pins its ids; any other shape is not
+    plain, and says why in words of its own (never the input's)."""
+
+    def shape(self, sql):
+        facts = va.sql_facts(sql)
+        return facts.where, facts.why, sorted(facts.pins)
+
+    def test_plain_conjunctions_pin_their_ids(self):
+        pin = lambda column, value, op="=", qualifier="": ((qualifier, column), value, op)
+        cases = [
+            ("DELETE FROM t WHERE id = 5", [pin("id", "5")]),
+            ("DELETE FROM t WHERE id IN (5, 6, '7', x'1', $1)", None),  # x'1' is no literal here
+            ("DELETE FROM t WHERE id IN (5, 6, '7', ?)", [pin("id", "5"), pin("id", "6"), pin("id", "7")]),
+            ("DELETE FROM t WHERE a.b.id = 5 AND c <> 6 AND d != 7", [pin("c", "6", "<>"), pin("d", "7", "<>"),
+                                                                      pin("id", "5", "=", "b")]),
+            ("DELETE FROM t WHERE x BETWEEN 1 AND 9 AND y IS NULL AND z IS NOT NULL AND w >= -3", []),
+            ("DELETE FROM t WHERE ((x = 1) AND (y = 2))", [pin("x", "1"), pin("y", "2")]),
+            ("DELETE FROM t WHERE d < TIMESTAMP '2024-01-01 00:00' AND v = 1.5 AND f = TRUE AND n = NULL", []),
+            ("DELETE FROM t WHERE `id` = 5 ORDER BY x LIMIT 1", [pin("id", "5")]),
+            ("UPDATE t SET a = (SELECT b FROM u WHERE u.id = 9) WHERE id = 5", [pin("id", "5")]),
+            ("SELECT * FROM t WHERE name = 'it''s' AND id = 5", [pin("id", "5")]),
+        ]
+        for sql, pins in cases:
+            where, why, got = self.shape(sql)
+            if pins is None:
+                self.assertEqual(where, "not plain", sql)
+                continue
+            self.assertEqual((where, why, got), ("plain", None, sorted(pins)), sql)
+
+    def test_every_other_shape_is_not_plain_and_says_why(self):
+        cases = [("id = 5 OR id = 6", "OR"), ("NOT id = 5", "NOT"), ("id = 5 XOR 1", "XOR"), ("id = 5 || 1", "|| or"
+                 " string concatenation"), ("id = 5 && 1", "&&"), ("id = 5 = 0", "a chained comparison"),
+                 ("id = 5 IS FALSE", "a chained comparison"), ("id = 5 IS NOT TRUE", "a chained comparison"),
+                 ("name LIKE 'a%'", "LIKE"), ("name ILIKE 'a%'", "LIKE"), ("lower(name) = 'a'", "a function call"),
+                 ("id = abs(5)", "an expression"), ("id = 5 + 0", "arithmetic"), ("id * 1 = 5", "arithmetic"),
+                 ("id IN (SELECT id FROM u)", "a subquery"), ("EXISTS (SELECT 1)", "a subquery"),
+                 ("id = 5 /* x */", "a comment"), ("id = 5 /*! OR 1=1 */", "a comment"), ("id = 5 -- x", "a comment"),
+                 ("id = 5 # x", "a comment"), ("id = 'a\\' OR 1=1", "a string with a backslash"),
+                 ("(id = 5", "unbalanced parentheses"), ("id = 5)", "unbalanced parentheses"),
+                 ("id = 5 AND", "an incomplete predicate"), ("id =", "an incomplete predicate"),
+                 ("id = other_id", "an expression"), ("5 = id", "an expression"), ("1", "an expression"),
+                 ("id = CASE WHEN 1 THEN 5 END", "CASE"), ("id NOT IN (5)", "NOT"), ("id IN ()", "an expression"),
+                 ("id IN ((5))", "a function call"), ("id = 5 AND TRUE", "an expression"),
+                 ("id = \"5\"", "an expression")]
+        for clause, why in cases:
+            self.assertEqual(self.shape("DELETE FROM t WHERE " + clause)[:2], ("not plain", why), clause)
+
+    def test_statements_kinds_tables_and_comments_before_them(self):
+        f = va.sql_facts
+        self.assertEqual(f("-- a\n/* b */ # c\nDELETE FROM t WHERE id = 1")[:5], ("delete", "t", None, True, "plain"))
+        self.assertEqual(f("DELETE FROM s.orders o WHERE o.id = 1")[1:4], ("orders", "o", True))
+        self.assertEqual(f("DELETE FROM t USING u WHERE t.id = 1")[1:4], ("t", None, False))
+        self.assertEqual(f("DELETE t FROM t JOIN u ON 1 WHERE t.id = 1")[1:4], ("t", None, False))
+        self.assertEqual(f("UPDATE LOW_PRIORITY t SET a = 1 WHERE id = 1")[:2], ("update", "t"))
+        self.assertEqual(f("TRUNCATE TABLE sessions")[:2], ("delete", "sessions"))
+        self.assertEqual(f("INSERT INTO u VALUES (5) ON CONFLICT (id) DO UPDATE SET a = 1")[:2], ("merge", "u"))
+        self.assertEqual(f("REPLACE INTO t VALUES (1)")[0], "merge")
+        self.assertEqual(f("CREATE TABLE t (id int)"), va._NO_SQL)
+        self.assertEqual(f("SELECT 1; DELETE FROM t WHERE id = 1").statements, 2)
+        self.assertEqual(f("DELETE FROM t WHERE id = 1;  ;").statements, 1)
+        self.assertEqual(f("DELETE FROM t WHERE note = 'id = 5; DROP TABLE t'").statements, 1)
+        self.assertEqual(f("DELETE FROM t WHERE id = 1 /* ; DROP TABLE t */").where, "not plain")
+        self.assertEqual(f("SELECT count(*) FROM users -- DELETE").kind, "read")
+        unread = "DELETE FROM t WHERE id = 1 AND " + "x = 'a' AND " * (va._MAX_SQL_QUOTED + 1) + "y = 2"
+        self.assertEqual(f(unread)[4:6], ("not plain", "too many strings or comments to read"))
+
+    def test_the_parse_reads_each_token_a_bounded_number_of_times(self):
+        # a plain WHERE of 30,000 predicates and IN lists is read once over; no ')' anywhere stops at once
+        reads, real = [0], va.where_shape
+
+        class CountedTokens(list):
+            def __getitem__(self, index):
+                reads[0] += 1
+                return list.__getitem__(self, index)
+        va.where_shape = lambda clause: real(CountedTokens(clause))
+        try:
+            long_and = "DELETE FROM t WHERE id = 5" + " AND a IN (1, 2)" * 3000 + " AND b = 3" * 3000
+            facts = va.sql_facts(long_and)
+            tokens = len(va.sql_tokens(long_and))
+            self.assertEqual((facts.where, len(facts.pins)), ("plain", 1 + 6000 + 3000))
+            self.assertLessEqual(reads[0], 4 * tokens)
+            self.assertGreater(reads[0], tokens // 2)
+            reads[0] = 0
+            unclosed = ("DELETE FROM t WHERE " + "id IN (" * 9300)[:65536]
+            self.assertEqual(va.sql_facts(unclosed).where, "not plain")
+            self.assertLess(reads[0], 10)
+        finally:
+            va.where_shape = real
+        self.assertEqual(judge("Deleted user 5", {"affected_rows": 1, "operation": unclosed}),
+                         (I, ["sql_kind_matches", "where_not_plain"]))
+
+
+class CodeText(unittest.TestCase):
+    """Which added and removed lines are code: comments, blank lines, docstrings, string-only lines and placeholders
+    (from TODO to the end of its line) are not; a prose file's lines are all content."""
+
+    def test_what_is_code(self):
+        cases = [  # (path, lines, the code among them, one a line)
+            ("a.py", ["x = 1", "# y = 2", "  #z", "", "   ", "'''doc'''", 'r"""doc"""', "'one string'", '"s"  ', "w"],
+             ["x = 1", "w"]),
+            ("a.py", ['"""', "Rate limiting.", '"""', "x = 1", "'''", "not closed"], ["x = 1"]),
+            ("a.py", ["sql = '''select", "from t'''", "y"], ["sql = '''select", "from t'''", "y"]),  # a value
+            ("a.c", ["#include <x.h>", "#define A 1", "#  if X", "# comment", "#[derive(Debug)]", "*p = 1;",
+                     " * doc", " */", "--i;", "-- sql comment", ";;lisp", ";(f)();", "int x; // c"],
+             ["#include <x.h>", "#define A 1", "#  if X", "#[derive(Debug)]", "*p = 1;", "--i;", ";(f)();",
+              "int x; // c"]),
+            ("a.py", ["# if x:", "#include y", "  # define z", "#[w]", "x = 1"], ["x = 1"]),  # '#' is a comment
+            ("a.rs", ["#[derive(Debug)]", "# x"], ["#[derive(Debug)]"]),
+            ("Makefile", ["# if x", "all: x"], ["all: x"]),
+            ("a.js", ["/* a", " * b */ code()", "/** one */", "<!-- c", "-->", "kept"], [" code()", "kept"]),
+            ("a.py", ["x = f()  # TODO: later", "raise NotImplementedError('y')", "todo_list = 1", "FIXME", "TBD:",
+                      "# tbd", "unimplemented!()", "done = 1"],
+             ["x = f()  # ", "raise Not", "todo_list = 1", "", "", "", "un", "done = 1"]),
+            ("README.md", ["# Usage", "* item", "-- a note", "TODO: more", "Text"], ["# Usage", "* item", "-- a note",
+                                                                                    "", "Text"]),
+            ("notes.TXT", ["# heading"], ["# heading"]),
+        ]
+        for path, lines, code in cases:
+            got = va._code_text("\n".join(lines), path)
+            self.assertEqual([line for line in got.split("\n") if line.strip()], [line for line in code if line.strip()],
+                             (path, lines))
+
+    def test_block_comments_and_docstrings_stay_linear(self):
+        # unclosed openers, and more blocks than _MAX_BLOCKS: the rest counts as one block, never read again
+        self.assertEqual(va._code_text("x\n/* a\n" * 3 + "y", "a.c").split(), ["x"])
+        many = '"""d"""\n' * (va._MAX_BLOCKS + 5) + "code_after = 1"
+        self.assertEqual(va._code_text(many, "a.py").split(), [])
+        self.assertEqual(va._code_text('"""d"""\n' * 10 + "code_after = 1", "a.py").split(), ["code_after", "=", "1"])
+
+    def test_placeholders_are_cut_where_the_lower_case_copy_is(self):
+        # characters whose lower case is longer (\u0130) must not move the cut
+        text = "\u0130\u0130 = 1  # TODO \u0130\n\u0130x = 2 # fixme\nok = '\u0130'"
+        self.assertEqual(va._code_text(text, "a.py"), "\n\u0130\u0130 = 1  # \n\u0130x = 2 # \nok = '\u0130'")
+
+
+def word_by_word(body):
+    """A text body's outcome as spec section 10 states it, read word by word (the reference for _text_outcome): a
+    failure word counts unless 'no', 'none', 'nothing', 'without', 'zero' or '0' stands right before it or '0' right
+    after it (each word pairs once, from the left); a success word a negation or 'no' governs (within three words
+    before it, in its sentence) is a failure; else any success word is a success."""
+    words = re.findall(r"[a-z0-9_']+|[.!?;\n]", body.lower().replace("\u2019", "'"))
+    kind = [va._BODY_CLASSES.get(word, "w") for word in words]
+    kind = ["." if word in ("!", "?", ";", "\n") else k for word, k in zip(words, kind)]
+    i = 0
+    while i < len(kind) - 1:  # 'no errors', '0 failed', 'failed 0': neither word counts
+        if kind[i] in "Z0" and kind[i + 1] == "F" or kind[i] == "F" and kind[i + 1] == "0":
+            kind[i] = kind[i + 1] = "w"
+            i += 2
+        else:
+            i += 1
+    for i, k in enumerate(kind):
+        before = kind[max(0, i - 3) : i]
+        if k == "F":
+            return "failure"
+        if k == "S" and any(b in "NZ" and "." not in before[j:] for j, b in enumerate(before)):
+            return "failure"
+    return "success" if "S" in kind else None
+
+
+class TextBodies(unittest.TestCase):
+    def test_a_text_body_is_read_with_its_negations(self):
+        rng = __import__("random").Random(10)
+        bits = ["sent", "Sent", "delivered", "ok", "not", "never", "no", "nothing", "0", "zero", "failed", "errors",
+                "bounced", "wasn't", "wasn\u2019t", "could", "be", "the", "mail", ".", "!", ";", "\n", ",", ":",
+                "queued", "error_count", "unable", "to", "successfully", "refused", "x", "1"]
+        for _ in range(20000):
+            body = " ".join(rng.choice(bits) for _ in range(rng.randint(0, 10)))
+            self.assertEqual(va._text_outcome(body), word_by_word(body), body)
+
+    def test_text_body_words_are_the_patterns_words(self):
+        # the byte table splits as the pattern [a-z0-9_']+|[.!?;\n] does on the lower-case text, sentence ends all '.'
+        rng = __import__("random").Random(11)
+        bits = ["a", "Z", "_", "'", "\u2019", "0", ".", "!", "?", ";", "\n", " ", "\t", "-", "\u212a", "\u0130", "\u00e9",
+                "\U0001f600", "\ud800", "\u00a0", "\x00", "\x7f", "\u2028", "OK", "sent"]
+        for _ in range(20000):
+            body = "".join(rng.choice(bits) for _ in range(rng.randint(0, 12)))
+            words = re.findall(r"[a-z0-9_']+|[.!?;\n]", body.lower().replace("\u2019", "'"))
+            want = ["." if word in ("!", "?", ";", "\n") else word for word in words]
+            self.assertEqual(va._body_words(body), want, repr(body))
+
+    def test_json_bodies_at_any_depth(self):
+        cases = [({"a": [{"b": {"c": [{"status": "FAILED"}]}}]}, "failure"), ({"x": {"state": "ok"}}, "success"),
+                 ({"x": {"result": "rejected"}, "ok": True}, "failure"), ({"outcome": "timeout"}, "failure"),
+                 ({"errors": None, "error": 0, "x": {"error": {}}}, None), ({"error": []}, None),
+                 ({"error": "boom"}, "failure"), ({"error": 0.5}, "failure"), ({"errors": [None]}, "failure"),
+                 ({"status_code": 503}, "failure"), ({"status": 200}, None), ({"statuses": "failed"}, None),
+                 ({"note": "\"status\":\"failed\""}, None), ([[{"success": False}]], "failure"), ([], None),
+                 ('{"ok": true}', "success"), ('["failed"]', None), ('"sent"', "success"), ("[" * 3000, None),
+                 (5, None), (None, None)]
+        for body, want in cases:
+            self.assertEqual(va._body_outcome(body), want, body)
+
+
+class ClaimedIds(unittest.TestCase):
+    def test_ids_nouns_lists_and_prepositions(self):
+        cases = [("Deleted user 42", [("user", "42", "")]), ("Deleted users 7, 8 and 9", [("user", v, "") for v in "789"]),
+                 ("Deleted ids 7 and 009", [("", "7", ""), ("", "9", "")]), ("Deleted #7 and #9", [("", "7", ""),
+                                                                                                    ("", "9", "")]),
+                 ("Deleted user 7 and 12 sessions", [("user", "7", "")]),
+                 ("Deleted the sessions of user 42", [("user", "42", "of")]),
+                 ("Removed id=5 for customer 7", [("", "5", ""), ("customer", "7", "for")]),
+                 ("Deleted orders_id 3 or 4 of categories 5", [("order", "3", ""), ("order", "4", ""),
+                                                               ("category", "5", "of")]),
+                 ("Deleted 10 sessions in 3 tables", []), ("Updated version 2", []), ("Added 5 rows", []),
+                 ("Deleted user 42 and user 42", [("user", "42", "")]), ("id:5 id=6", [("", "5", ""), ("", "6", "")]),
+                 ("Deleted user 1234567890123456789", [])]
+        for claim, want in cases:
+            self.assertEqual([tuple(c) for c in va._claimed_ids(va._words(claim)[1])], want, claim)
+
+
+class Tokenising(unittest.TestCase):
+    """A dotted name yields two forms, the whole name and its last part, never every sub-chain: the forms of a line
+    of 52,000 dotted names are as many as its names, and a name searched for is found as a sub-chain anyway."""
+
+    def test_forms_are_bounded_and_sub_chains_are_searched(self):
+        names = ["a%x.b.c.dd.e.f.g.h" % i for i in range(52000)]
+        text = " ".join(names)
+        forms = va._code_forms(text)
+        self.assertEqual(len(forms), len(names) + 1)  # each whole name, and 'h'
+        self.assertEqual(va._found_in(["b.c.dd", "dd.e", "a3.b", "h", "c.dd.e.f.g.h", "b.c", "x.b"], text),
+                         {"b.c.dd", "dd.e", "a3.b", "h", "c.dd.e.f.g.h", "b.c"})
+        many = ["n%d_x" % i for i in range(40)] + ["dd.e", "zz_top"]  # more than _MAX_SEARCHES: forms, then searches
+        self.assertEqual(va._found_in(many, text + " n3_x n7_x.y"), {"n3_x", "dd.e"})  # n7_x: not searched
+        self.assertEqual(va._found_in(["user.email"], "if not self.user.email.strip(): user.emails = 1"),
+                         {"user.email"})
+        self.assertEqual(va._found_in(["user.email"], "xuser.email = 1; user.emailer = 2"), set())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1568,8 +2601,8 @@ class Http(HttpCase):
         status, headers, raw = self.request("POST", "/verify", body, JSON)
         self.assertEqual(status, 200)
         r = json.loads(raw)
-        self.assertEqual(sorted(r), sorted(["aar_verdict", "verdict", "confidence", "reason_codes", "reasoning",
-                                            "kind_dispatched", "verifier_used", "details", "receipt"]))
+        self.assertEqual(sorted(r), sorted(["aar_verdict", "verdict", "confidence", "reason_codes", "signals",
+                                            "reasoning", "kind_dispatched", "verifier_used", "details", "receipt"]))
         self.assertEqual((r["aar_verdict"], r["verdict"], r["verifier_used"]), (V, "ok", "code_diff_v1"))
         status, _, raw = self.request("POST", "/receipts/verify", json.dumps({"receipt": r["receipt"]}), JSON)
         self.assertEqual((status, json.loads(raw)), (200, {"valid": True, "reason": "ok", "kid": self.service.keyring.kid}))

@@ -14,16 +14,20 @@ import argparse, base64, collections, gc, hashlib, hmac, html, http, ipaddress, 
 import secrets, selectors, socket, stat, sys, threading, time, urllib.parse
 
 # ============================================================================================================
-# §1 Constants, verdicts, reason codes
+# §1 Constants, verdicts, signals and the decision
 # ============================================================================================================
 
-VERSION, SCHEMA = "1.0.0", "verify_action_receipt.v0"
+VERSION = "1.0.0"
+SCHEMA = "verify_action_receipt.v0"
 VERDICTS = ("verified", "contradicted", "insufficient_evidence", "unsafe_to_verify")
 LEGACY = dict(zip(VERDICTS, ("ok", "mismatch", "uncertain", "rejected")))  # the peer's verdict names, kept as aliases
 KINDS = ("code_diff", "db_op", "file_op", "api_call", "generic")
-# characters (code points) of claim and context; JSON nesting (the request object is level 1); bytes of a POST
-# body (--max-body); caller_context keys and characters
-MAX_CLAIM, MAX_CONTEXT, MAX_DEPTH, MAX_BODY, MAX_CALLER_KEYS, MAX_CALLER_STR = 8192, 8192, 32, 1 << 20, 8, 64
+MAX_CLAIM = 8192  # characters (code points) of a claim
+MAX_CONTEXT = 8192  # characters of a context
+MAX_DEPTH = 32  # JSON nesting; the request object is level 1
+MAX_BODY = 1 << 20  # bytes of a POST body (--max-body)
+MAX_CALLER_KEYS = 8  # keys of caller_context
+MAX_CALLER_STR = 64  # characters of each caller_context key and string value
 REQUEST_FIELDS = ("claim", "evidence", "kind", "context", "caller_context")
 BOUNDS = {  # per-kind evidence bounds: beyond them the verdict is unsafe_to_verify (evidence_too_large)
     "diff_chars": 4 << 20,
@@ -35,99 +39,83 @@ BOUNDS = {  # per-kind evidence bounds: beyond them the verdict is unsafe_to_ver
     "count_max": 2**53,
 }
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")  # MCP, newest first
-PROVES, NOT_PROVES = (
+PROVES = (
     "Which service (key id kid) judged which exact request (SHA-256 of the claim, of the evidence and "
-    "of the whole request in RFC 8785 canonical form), when, and with what verdict and reason codes.",
+    "of the whole request in RFC 8785 canonical form), when, and with what verdict, signals and reason codes."
+)
+NOT_PROVES = (
     "That the claim is true. The service never reaches into databases, repositories or APIs; it only "
-    "judges whether the evidence is consistent with the claim, and evidence can be fabricated or incomplete.",
+    "judges whether the evidence is consistent with the claim, and evidence can be fabricated or incomplete."
 )
-REASONS = {  # code: (kind, signal: + - ! (critical) unsafe 0 (neutral), meaning); closed: nothing else is emitted
-    "no_signal": ("any", "0", "No rule found anything in the evidence to compare with the claim."),
-    "evidence_missing_fields": ("any", "-", "The evidence lacks the fields this kind needs."),
-    "evidence_invalid": ("any", "unsafe", "A field this kind reads has the wrong type or shape."),
-    "evidence_too_large": ("any", "unsafe", "A field exceeds this kind's bound (see bounds)."),
-    "verifier_error": ("any", "unsafe", "A rule failed unexpectedly; nothing was judged."),
-    "conflicting_verbs": ("any", "-", "The claim names actions that contradict each other."),
-    "claim_negated": ("any", "-", "The claim negates its action (did not, never, no ... were): never verified."),
-    "diff_no_changes": ("code_diff", "-", "The diff contains no file changes."),
-    "path_in_diff": ("code_diff", "+", "Every file the claim names is changed in the diff."),
-    "path_partly_in_diff": ("code_diff", "-", "Some files the claim names are not in the diff."),
-    "path_not_in_diff": ("code_diff", "!", "None of the files the claim names is in the diff."),
-    "identifier_in_changed_lines": ("code_diff", "+", "Every named identifier is in the lines the action needs."),
-    "identifier_not_in_changed_lines": ("code_diff", "-", "A named identifier is not there (add: + lines, remove: -)."),
-    "content_words_absent": ("code_diff", "-", "No identifier named; no content word (-s -ed -ing ok) is changed."),
-    "action_matches_lines": ("code_diff", "+", "Lines moved as claimed in the named files (add, check: added)."),
-    "action_mismatch_lines": ("code_diff", "-", "The claimed action does not match the line movement there."),
-    "file_deleted": ("code_diff", "+", "The file a remove verb names (Removed x.py) is deleted in the diff."),
-    "file_not_deleted": ("code_diff", "-", "A remove verb names a file but the diff does not delete that file."),
-    "unnamed_files_changed": ("code_diff", "-", "The diff also changes files the claim does not name."),
-    "changes_mostly_elsewhere": ("code_diff", "!", "Most changed lines are in files the claim does not name."),
-    "sql_kind_matches": ("db_op", "+", "The SQL statement's kind matches the claimed action."),
-    "sql_kind_mismatch": ("db_op", "-", "The SQL statement's kind differs from the claimed action."),
-    "sql_kind_conflicts": ("db_op", "!", "A write is claimed but the SQL statement is a SELECT."),
-    "sql_multiple_statements": ("db_op", "-", "The operation holds more than one statement; only the first is judged."),
-    "row_delta_matches": ("db_op", "+", "The sign of after_count - before_count fits the claimed action."),
-    "row_delta_mismatch": ("db_op", "-", "The sign of after_count - before_count does not fit the claimed action."),
-    "affected_rows_consistent": ("db_op", "+", "affected_rows fits the claimed action and the row delta."),
-    "affected_rows_zero": ("db_op", "-", "A write is claimed but affected_rows is 0."),
-    "affected_rows_mismatch": ("db_op", "-", "affected_rows differs from the size of the row delta."),
-    "count_matches": ("db_op", "+", "The count after the verb (deleted 10 rows) is affected_rows or |delta|."),
-    "count_mismatch": ("db_op", "!", "The count in the claim differs from affected_rows and the row delta."),
-    "sql_identifier_matches": ("db_op", "+", "Claimed ids (id=N, id N, #N, user N) are in WHERE id comparisons."),
-    "sql_identifier_mismatch": ("db_op", "!", "An identifier the claim names is not in the SQL's WHERE comparisons."),
-    "sql_identifier_unchecked": ("db_op", "-", "The SQL pins no claimed id: no id = N, IN (N); or OR, NOT, <>, !=."),
-    "existence_matches": ("file_op", "+", "exists_before and exists_after fit the claimed action."),
-    "start_state_mismatch": ("file_op", "-", "exists_before does not fit the claimed action."),
-    "end_state_mismatch": ("file_op", "!", "exists_after contradicts the claimed action."),
-    "path_matches": ("file_op", "+", "Every path the claim names is path (or new_path)."),
-    "path_mismatch": ("file_op", "!", "A named path is neither path nor new_path, or a rename names them reversed."),
-    "path_not_named": ("file_op", "-", "The claim names no file that is path or new_path: the target is unconfirmed."),
-    "new_path_missing": ("file_op", "-", "A rename or move is claimed but the evidence has no new_path."),
-    "line_count_matches": ("file_op", "+", "The claimed line count equals line_count."),
-    "line_count_off": ("file_op", "-", "The claimed line count is near line_count but not equal."),
-    "line_count_mismatch": ("file_op", "!", "The claimed line count is off by more than 10% or more than 50 lines."),
-    "size_matches": ("file_op", "+", "The claimed size (KB, MB: powers of 1000; KiB, MiB: 1024) is within 1%."),
-    "size_off": ("file_op", "-", "The claimed size is off by 1% to 50%."),
-    "size_mismatch": ("file_op", "!", "The claimed size is off by more than 50%."),
-    "status_matches_claim": ("api_call", "+", "The HTTP status class fits the claimed success or failure."),
-    "status_failure": ("api_call", "!", "Success is claimed but the HTTP status is 4xx or 5xx."),
-    "status_contradicts_failure_claim": ("api_call", "-", "Failure is claimed but the HTTP status is 2xx."),
-    "body_matches_claim": ("api_call", "+", "The response body's outcome fits the claimed success or failure."),
-    "body_failure": ("api_call", "!", "Success is claimed but the response body reports a failure."),
-    "body_contradicts_failure_claim": ("api_call", "-", "Failure is claimed but the response body reports success."),
-    "target_matches": ("api_call", "+", "Every email, URL, ID the claim names is in the request's target fields."),
-    "target_mismatch": ("api_call", "!", "A target field (to, url, path, NAME_id, /noun/N) names a different one."),
-    "target_not_in_request": ("api_call", "-", "The request has no target field of the kind the claim names."),
-    "entities_match": ("generic", "+", "One of >= 3 distinct claimed numbers >= 10, URLs, emails, identifiers found."),
-    "explicit_value_match": ("generic", "+", "The value the claim states for a key (KEY is VALUE) equals evidence's."),
-    "explicit_value_conflict": ("generic", "!", "A value the claim states for a key differs from the evidence's."),
-    "evidence_reports_failure": ("generic", "-", "The claim states no outcome; a status value reports a failure."),
-    "state_matches": ("generic", "+", "A key the claim says is on (enabled, true, active) or off holds that state."),
-    "state_conflict": ("generic", "!", "A key the claim says is on or off (did not enable: off) holds the other."),
-    "outcome_matches": ("generic", "+", "The claim's outcome (passed, failed...) agrees with every status value."),
-    "outcome_conflict": ("generic", "!", "A status, state, result, outcome, conclusion, ok or success value at any "
-                         "depth reports the outcome opposite to the claim's (did not pass: failure)."),
-}
-_SIGNAL_NAMES = {"+": "positive", "-": "negative", "!": "critical", "unsafe": "unsafe", "0": "neutral"}
-DECISION, CONFIDENCE = (
-    "any unsafe code -> unsafe_to_verify; any critical -> contradicted; no negatives and >= 2 positives "
-    "-> verified; >= 2 negatives and no positives -> contradicted; otherwise insufficient_evidence.",
-    "confidence in the stated verdict: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted 0.9 with a "
-    "critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0.",
+
+# What a signal does to the decision. Unsafe is kept for evidence that could not be examined (evidence_invalid,
+# evidence_too_large) and for a rule that failed (verifier_error): nothing was judged.
+POSITIVE = "positive"
+NEGATIVE = "negative"
+CRITICAL = "critical"
+UNSAFE = "unsafe"
+EFFECTS = (POSITIVE, NEGATIVE, CRITICAL, UNSAFE)
+DECISION = (
+    "Over signals, each {code, effect, count}: P is the sum of the counts of the positive signals, N that of the "
+    "negative ones. Any unsafe signal -> unsafe_to_verify; else any critical signal -> contradicted; else N = 0 and "
+    "P >= 2 -> verified; else N >= 2 and P = 0 -> contradicted; else insufficient_evidence."
+)
+CONFIDENCE = (
+    "Confidence in the stated verdict, rounded to 3 decimals: verified 0.6 + 0.1*(P-2), at most 0.95; contradicted "
+    "0.9 with a critical signal, else 0.6 + 0.1*(N-2), at most 0.9; insufficient_evidence 0.5; unsafe_to_verify 0.0."
 )
 
 
-def decide(codes):
-    """(verdict, confidence) by the fixed rule (DECISION, CONFIDENCE) over reason codes; repeats count."""
-    signals = [REASONS[code][1] for code in codes]
-    positives, negatives = signals.count("+"), signals.count("-")
-    if "unsafe" in signals or "!" in signals:
-        return ("unsafe_to_verify", 0.0) if "unsafe" in signals else ("contradicted", 0.9)
+class Signal(collections.namedtuple("Signal", "code effect count")):
+    """A reason code the decision counts: its effect (EFFECTS) and how often it fired (1, or once an entity)."""
+
+    __slots__ = ()
+
+    def as_json(self):
+        """{"code", "effect", "count"}: a signal as responses and receipts carry it."""
+        return {"code": self.code, "effect": self.effect, "count": self.count}
+
+
+def _tally(signals):
+    """effect -> the counts of the signals of that effect, added up (P: positive, N: negative)."""
+    totals = dict.fromkeys(EFFECTS, 0)
+    for signal in signals:
+        totals[signal.effect] += signal.count
+    return totals
+
+
+def decide(signals):
+    """The verdict DECISION gives a list of signals."""
+    totals = _tally(signals)
+    positives = totals[POSITIVE]
+    negatives = totals[NEGATIVE]
+    if totals[UNSAFE]:
+        return "unsafe_to_verify"
+    if totals[CRITICAL]:
+        return "contradicted"
     if not negatives and positives >= 2:
-        return "verified", round(min(0.95, 0.6 + 0.1 * (positives - 2)), 3)
+        return "verified"
     if negatives >= 2 and not positives:
-        return "contradicted", round(min(0.9, 0.6 + 0.1 * (negatives - 2)), 3)
-    return "insufficient_evidence", 0.5
+        return "contradicted"
+    return "insufficient_evidence"
+
+
+def confidence(verdict, signals):
+    """The confidence CONFIDENCE gives verdict over the signals it was decided from."""
+    totals = _tally(signals)
+    positives = totals[POSITIVE]
+    negatives = totals[NEGATIVE]
+    if verdict == "verified":
+        score = min(0.95, 0.6 + 0.1 * (positives - 2))
+    elif verdict == "contradicted" and totals[CRITICAL]:
+        score = 0.9
+    elif verdict == "contradicted":
+        score = min(0.9, 0.6 + 0.1 * (negatives - 2))
+    elif verdict == "insufficient_evidence":
+        score = 0.5
+    else:
+        score = 0.0
+    return round(score, 3)
 
 
 # ============================================================================================================
@@ -296,44 +284,80 @@ def canonical_members(value, exact_ints=False, along=("evidence",), marked=None)
 # ============================================================================================================
 # §3 Rules per kind (pure)
 # ============================================================================================================
-# Inputs are tokenised once with single-class patterns and judged with set look-ups and str methods: time is
-# linear, and no pattern has nested or adjacent overlapping quantifiers (the peer froze on "a." * 4000).
+# Each kind parses the claim into a facts record and the evidence into another (what it holds about the things the
+# claim names), then runs its table of named checks: one row a reason code. Inputs are tokenised once with
+# single-class patterns and judged with set look-ups and str methods: time is linear, and no pattern has nested or
+# adjacent overlapping quantifiers (the peer froze on "a." * 4000).
 
-# ---- §3.1 Words, tokens and the things a claim names -------------------------------------------------------
+# ---- §3.1 Checks, words, tokens and the things a claim names ----------------------------------------------
+
+
+# Each kind's table has a row (check, code, effect) for each of its reason codes: check(claim facts, evidence facts)
+# says how often code fires (0, False or None: not at all), and effect is what each firing does to the decision. A
+# code in ALONE that fires is its judgement's only signal: the rows after it are not run (an empty diff, a claim of
+# two opposite actions).
+ALONE = frozenset(["diff_no_changes", "conflicting_verbs"])
+
+
+def run_checks(table, claim, evidence):
+    """The signals of a table's rows over the claim's and the evidence's facts, in table order."""
+    signals = []
+    for test, code, effect in table:
+        count = test(claim, evidence)
+        if not count:
+            continue
+        signal = Signal(code, effect, int(count))
+        if code in ALONE:
+            return [signal]
+        signals.append(signal)
+    return signals
+
+
+def claim_is_negated(claim, evidence):
+    """The claim negates or reverses its action (did not, never, skipped, reverted, rolled back...): whatever the
+    evidence shows, it cannot be verified."""
+    return claim.negated
+
+
+def claim_has_conflicting_verbs(claim, evidence):
+    """The claim names actions that contradict each other (deleted and inserted)."""
+    return claim.conflicting
+
+
+def _word_set(text):
+    """The set of the words of text."""
+    return frozenset(text.split())
+
 
 # a token: a run of characters other than spaces, quotes and brackets. ASCII text is split by str methods instead,
 # several times faster than the pattern and with the same tokens (str.split's whitespace is the pattern's \s).
-_TOKEN, _UNQUOTED = re.compile(r"[^\s`'\"();<>\[\]{}|]+"), str.maketrans("`'\"();<>[]{}|", " " * 13)
+_TOKEN = re.compile(r"[^\s`'\"();<>\[\]{}|]+")
+_UNQUOTED = str.maketrans("`'\"();<>[]{}|", " " * 13)
 # An http(s) URL's host and path. The netloc ends at / ? # or a space, and its user info at its last @. After it, an
 # IPv6 host is what follows '[' up to the first ']' (with no ']', up to the netloc's last character, which is left
 # out), and any other host is what comes before a port's ':'. Each quantifier backtracks over one run at most.
 # At a token's start (_URL_AT), and anywhere in a text (_URLS): that pattern starts at '://' and looks behind it for
-# the scheme, as a literal start lets the search skip text without URLs (1 MiB of words: 50 times fewer steps).
+# the scheme, as a literal start lets the search skip text without URLs.
 _URL_REST = (
     r"(?:[^/?#\s\"'<>]*@)?\[?((?<=\[)(?:[^/?#\s\"'<>@\]]*(?=[^/?#\s\"'<>@]))?|(?<!\[)[^/?#\s\"'<>:]*)"
     r"[^/?#\s\"'<>]*(/[^?#\s\"'<>]*)?"
 )
-_URL_AT, _URLS = (
-    re.compile(r"(?i:\bhttps?)://" + _URL_REST),
-    re.compile(r"://(?:(?<=(?i:\bhttp)://)|(?<=(?i:\bhttps)://))" + _URL_REST),
-)
+_URL_AT = re.compile(r"(?i:\bhttps?)://" + _URL_REST)
+_URLS = re.compile(r"://(?:(?<=(?i:\bhttp)://)|(?<=(?i:\bhttps)://))" + _URL_REST)
 # An email address: a local part of letters, digits and ._+-%, then a domain of letters, digits, '.' and '-' that
 # holds a '.' and neither starts nor ends with one. Alone (a token), and within text as a whole token, which may
 # carry the sentence punctuation _tokens strips.
 _EMAIL_SHAPE = (
     r"[\w.+%-]+@(?=(?:[^\W_]|-)+\.(?:[^\W_]|[.-])*(?:[^\W_]|-))(?:[^\W_]|-)(?:[^\W_]|[.-])*(?:[^\W_]|-)"
 )
-_EMAIL, _EMAILS = (
-    re.compile(_EMAIL_SHAPE),
-    re.compile(r"(?<![^\s`'\"();<>\[\]{}|])[,*:!?]*(%s)[.,:!?*]*(?![^\s`'\"();<>\[\]{}|])" % _EMAIL_SHAPE),
-)
+_EMAIL = re.compile(_EMAIL_SHAPE)
+_EMAILS = re.compile(r"(?<![^\s`'\"();<>\[\]{}|])[,*:!?]*(%s)[.,:!?*]*(?![^\s`'\"();<>\[\]{}|])" % _EMAIL_SHAPE)
 # words of code, camelCase and CAPS split (it backtracks one character at most)
 _CODE_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
-_SQL_TOKEN, _SQL_SKIP = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*|[0-9]+|<>|!=|<=|>=|\S"), re.compile(r"['\"`]|--|/\*")
-EXTENSIONS = frozenset("""py js ts tsx jsx go rs c h cc cpp hpp java kt rb php cs swift m sh bash md txt json yaml
+EXTENSIONS = _word_set("""py js ts tsx jsx go rs c h cc cpp hpp java kt rb php cs swift m sh bash md txt json yaml
     yml toml ini cfg conf html htm css scss sql xml csv tsv lock log env gradle mk r scala lua pl proto dart vue
-    svelte ex hs ml tf dockerfile gitignore pdf png jpg jpeg gif svg zip gz tar bin so ipynb db sqlite""".split())
-_STOP = frozenset("""a an the and or but if then than that this these those with without from into for to of in on
+    svelte ex hs ml tf dockerfile gitignore pdf png jpg jpeg gif svg zip gz tar bin so ipynb db sqlite""")
+_STOP = _word_set("""a an the and or but if then than that this these those with without from into for to of in on
     at by as is are was were be been being it its they them their there here which what when where while who why how
     not no so too very can could should would will may might must do does did done have has had having also just
     only still some any all each every both either more most less least other such same via per over under after
@@ -341,226 +365,419 @@ _STOP = frozenset("""a an the and or but if then than that this these those with
     method methods class classes module modules test tests value values variable variables logic handling support
     issue issues bug bugs case cases call calls return returns using used use make made sure properly correctly
     correct small minor simple basic proper instead within across onto among until since around against toward
-    towards upon beyond inside outside past near along amid except unlike versus""".split())
-_NOT_ID = frozenset("""version versions step steps phase page pages port attempt attempts retry retries level day
+    towards upon beyond inside outside past near along amid except unlike versus""")
+_NOT_ID = _word_set("""version versions step steps phase page pages port attempt attempts retry retries level day
     days hour hours minute minutes second seconds week weeks month months year years http https status code codes
-    error errors times item items row rows record records percent top""".split())
-_NOT = frozenset("not never didn wasn isn couldn cannot weren hasn haven doesn don won unable".split())
-_NEGATION = _NOT | frozenset("no nothing none neither nor without failed".split())  # before a verb: 'no rows were'
+    error errors times item items row rows record records percent top""")
+_NOT = _word_set("not never didn wasn isn couldn cannot weren hasn haven doesn don won unable")
+_NEGATION = _NOT | _word_set("no nothing none neither nor without failed")  # before a verb: 'no rows were'
+# Words that undo or skip the action they go with ('skipped adding', 'reverted the change that added'); after an
+# article they name a thing instead ('an undo button').
+_REVERSALS = _word_set("skip skips skipped skipping revert reverts reverted reverting undid undo undoes undoing "
+                       "rollback")
+_REVERSAL_PAIRS = frozenset([("rolled", "back"), ("roll", "back"), ("rolling", "back"), ("backed", "out")])
+_REVERSAL_WORDS = _REVERSALS | {first for first, _ in _REVERSAL_PAIRS}  # a claim without them reverses nothing
+_ARTICLES = ("the", "a", "an", "file")
+_PREPOSITIONS = _word_set("for of from by in under within belonging owned")  # 'sessions of user 42'
+_VERB_SUFFIXES = ("s", "es", "d", "ed", "ing")
 
 
-def _verbs(**classes):
-    # word -> class for the base words of each class and their -s -es -d -ed -ing -ied -ies forms.
+def _verb_forms(word):
+    """word's -s -es -d -ed -ing -ied -ies forms."""
+    stem = word[:-1]
+    return [word + suffix for suffix in _VERB_SUFFIXES] + [stem + "ied", stem + "ies"]
+
+
+def _verbs(classes):
+    """word -> class for the base words of each class (class -> its words) and their forms (_verb_forms)."""
     table = {word: cls for cls, words in classes.items() for word in words.split()}
-    forms = {
-        form: cls
-        for word, cls in table.items()
-        for form in (word + "s", word + "es", word + "d", word + "ed", word + "ing", word[:-1] + "ied",
-                     word[:-1] + "ies")
-    }
-    return dict(forms, **table)  # a base word keeps its own class when it is also another's form
+    forms = {}
+    for word, cls in table.items():
+        forms.update(dict.fromkeys(_verb_forms(word), cls))
+    forms.update(table)  # a base word keeps its own class when it is also another's form
+    return forms
 
 
 VERB_CLASSES = {  # base words; each also matches its -s -es -d -ed -ing forms
-    "code_diff": dict(
-        add="add introduce create implement write wrote",
-        check="check validate guard ensure verify",
-        modify="fix change update modify refactor rename set edit replace tweak",
-        remove="remove delete drop dropped",
-    ),
-    "db_op": dict(
-        delete="delete remove purge drop dropped truncate clear",
-        insert="insert add create append import",
-        update="update modify change set mark edit",
-        read="read select query fetch count list retrieve",
-    ),
-    "file_op": dict(
-        create="create add make made generate touch",
-        write="write wrote written save",
-        delete="delete remove erase unlink rm",
-        rename="rename move mv",
-        modify="modify update edit append change overwrite overwrote overwritten truncate",
-    ),
+    "code_diff": {
+        "add": "add introduce create implement write wrote",
+        "check": "check validate guard ensure verify",
+        "fix": "fix",
+        "modify": "change update modify refactor rename set edit replace tweak",
+        "remove": "remove delete drop dropped",
+    },
+    "db_op": {
+        "delete": "delete remove purge drop dropped truncate clear",
+        "insert": "insert add create append import",
+        "update": "update modify change set mark edit",
+        "read": "read select query fetch count list retrieve",
+    },
+    "file_op": {
+        "create": "create add make made generate touch",
+        "write": "write wrote written save",
+        "delete": "delete remove erase unlink rm",
+        "rename": "rename move mv",
+        "modify": "modify update edit append change overwrite overwrote overwritten truncate",
+    },
 }
-_CODE_VERBS, _DB_VERBS, _FILE_VERBS = (_verbs(**VERB_CLASSES[k]) for k in ("code_diff", "db_op", "file_op"))
-_FILE_STATES = {  # (exists_before, exists_after) each file_op verb needs; None: either
-    "create": (False, True),
-    "write": (None, True),
-    "delete": (True, False),
-    "modify": (True, True),
-    "rename": (True, True),
-}
-_ALL_VERBS = frozenset(_CODE_VERBS) | frozenset(_DB_VERBS) | frozenset(_FILE_VERBS)
-# api_call: a claim's success and failure words, and a response body's status words
-_OK_WORDS, _FAIL_WORDS = (frozenset(words.split()) for words in (
-    "sent delivered posted created succeeded ok success successful successfully accepted",
-    "failed fail fails failure error errored rejected bounced denied unsuccessful unable"))
-_STATUS_OK, _STATUS_FAIL = (frozenset(words.split()) for words in (
-    "ok success succeeded successful sent delivered accepted created completed done",
-    "error failed failure fail rejected bounced denied invalid"))
-_STATUS_KEYS, _ARTICLES = frozenset("status state result outcome conclusion".split()), ("the", "a", "an", "file")
-# one of those status words as a whole word of lower-case text (a run of a-z): a search stops at the first
-_STATUS_OK_WORD, _STATUS_FAIL_WORD = (re.compile(r"(?<![a-z])(?:%s)(?![a-z])" % "|".join(sorted(words)))
-                                      for words in (_STATUS_OK, _STATUS_FAIL))
-_NOT_NOUN = _STOP | _NOT_ID | _ALL_VERBS | _OK_WORDS | _FAIL_WORDS | _STATUS_OK  # never the noun of 'user 5'
-# bytes a size unit means
-_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 10**6, "mib": 1 << 20, "gb": 10**9,
-               "gib": 1 << 30}
+_CODE_VERBS = _verbs(VERB_CLASSES["code_diff"])
+_DB_VERBS = _verbs(VERB_CLASSES["db_op"])
+_FILE_VERBS = _verbs(VERB_CLASSES["file_op"])
+_ALL_VERBS = frozenset(_CODE_VERBS).union(_DB_VERBS, _FILE_VERBS)
+# api_call: a claim's success and failure words
+_OK_WORDS = _word_set("sent delivered posted created succeeded ok success successful successfully accepted")
+_FAIL_WORDS = _word_set("failed fail fails failure error errored rejected bounced denied unsuccessful unable")
+_STATUS_KEYS = _word_set("status state result outcome conclusion")
+# status words of evidence values
+_STATUS_OK = _word_set("ok success succeeded successful sent delivered accepted created completed done")
+_STATUS_FAIL = _word_set("error failed failure fail rejected bounced denied invalid")
+_NOT_NOUN = _STOP.union(_NOT_ID, _ALL_VERBS, _OK_WORDS, _FAIL_WORDS, _STATUS_OK)  # never the noun of 'user 5'
+# words a claim's content words never are (code_diff): stopwords, verbs, negations and reversals
+_NOT_CONTENT = _STOP.union(_ALL_VERBS, _NEGATION, _REVERSALS)
 
 
-# Small pure helpers, one expression each.
-_strip = lambda token: token.rstrip(".,:!?*").lstrip(",*:!?")  # sentence punctuation around a token
-_digits = lambda s: s.isascii() and s.isdigit()
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
-_raw_tokens = lambda text: text.translate(_UNQUOTED).split() if text.isascii() else _TOKEN.findall(text)
-_tokens = lambda text: list(  # split once, punctuation trimmed (as _strip does), in C
-    filter(None, map(str.lstrip, map(str.rstrip, _raw_tokens(text), itertools.repeat(".,:!?*")),
-                     itertools.repeat(",*:!?")))
-)
-_words = lambda text: ((tokens := _tokens(text)), [t.lower() for t in tokens])  # (tokens, the same in lower case)
-# a word and its stems without -ing -ed -es -s (a stem keeps at least 3 letters)
-_variants = lambda w: [w] + [w[: -len(s)] for s in ("ing", "ed", "es", "s") if w.endswith(s) and len(w) - len(s) >= 3]
+def _strip(token):
+    """token without the sentence punctuation around it."""
+    return token.rstrip(".,:!?*").lstrip(",*:!?")
+
+
+def _digits(text):
+    """Whether text is ASCII digits only (str.isdigit alone also takes '²' and Arabic-Indic digits)."""
+    return text.isascii() and text.isdigit()
+
+
+def _raw_tokens(text):
+    """text split at spaces, quotes and brackets (_TOKEN), by str methods where it is ASCII."""
+    if text.isascii():
+        return text.translate(_UNQUOTED).split()
+    return _TOKEN.findall(text)
+
+
+def _tokens(text):
+    """The tokens of text, each without the sentence punctuation around it (as _strip), empty ones dropped: in C."""
+    trimmed = map(str.rstrip, _raw_tokens(text), itertools.repeat(".,:!?*"))
+    stripped = map(str.lstrip, trimmed, itertools.repeat(",*:!?"))
+    return list(filter(None, stripped))
+
+
+def _lower(tokens):
+    """The tokens in lower case."""
+    return [token.lower() for token in tokens]
+
+
+def _words(text):
+    """(the tokens of text, the same in lower case)."""
+    tokens = _tokens(text)
+    return tokens, _lower(tokens)
+
+
+def _stems(word):
+    """word and its stems without -ing -ed -es -s (a stem keeps at least 3 letters)."""
+    stems = [word]
+    for suffix in ("ing", "ed", "es", "s"):
+        stem = word[: -len(suffix)]
+        if word.endswith(suffix) and len(stem) >= 3:
+            stems.append(stem)
+    return stems
+
+
+def _grouped(parts):
+    """Whether the parts of a number split at commas group its digits by three ('1', '000')."""
+    lengths = list(map(len, parts))
+    return 1 <= lengths[0] <= 3 and set(lengths[1:]) <= {3}
 
 
 def _number(tok):
-    # A plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None.
-    parts = tok.split(",") if len(tok) <= 24 else ["x"]
-    if len(parts) > 1 and not (1 <= len(parts[0]) <= 3 and all(len(p) == 3 for p in parts[1:])):
+    """A plain or comma-grouped decimal number ('1,000', '2.5') as int or float, else None."""
+    if len(tok) > 24:
+        return None
+    parts = tok.split(",")
+    if len(parts) > 1 and not _grouped(parts):
         return None
     whole, dot, fraction = "".join(parts).partition(".")
-    if not _digits(whole) or (dot and not _digits(fraction)):
+    if not _digits(whole) or dot and not _digits(fraction):
         return None
-    return float(whole + "." + fraction) if dot else int(whole)
+    if dot:
+        return float(whole + dot + fraction)
+    return int(whole)
+
+
+def _name_part(part):
+    """Whether part can be one part of an identifier: ASCII letters, digits and _, not starting with a digit."""
+    if not part or not part.isascii():
+        return False
+    starts_well = part[0].isalpha() or part[0] == "_"
+    return starts_well and part.replace("_", "a").isalnum()
+
+
+def _camel(word):
+    """Whether word is camelCase: a lower-case letter right before a capital ('Added' is not)."""
+    if word[1:].islower():
+        return False
+    pairs = zip(word, word[1:])
+    return any(a.islower() and b.isupper() for a, b in pairs)
 
 
 def _identifier(tok, explicit=False):
-    # tok if it is a dotted, snake_case or camelCase identifier (any word when explicit: backticked), else None.
+    """tok if it is a dotted, snake_case or camelCase identifier (any word when explicit: backticked), else None."""
+    if not explicit and tok.isalpha() and not _camel(tok):
+        return None  # a plain word
     parts = tok.split(".")
-    if not all(p and p.isascii() and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts):
+    if not all(map(_name_part, parts)):
         return None
     if len(parts) > 1:
-        return tok if max(len(p) for p in parts) > 1 else None
-    camel = not tok[1:].islower() and any(a.islower() and b.isupper() for a, b in zip(tok, tok[1:]))  # 'Added' no
-    return tok if explicit or camel or "_" in tok.strip("_") else None
+        longest = max(map(len, parts))
+        return tok if longest > 1 else None
+    if explicit or _camel(tok) or "_" in tok.strip("_"):
+        return tok
+    return None
 
 
-# the address in lower case if tok is an email address, else None
-_email = lambda tok: tok.lower() if _EMAIL.fullmatch(tok) else None
-# the email addresses among text's tokens, in lower case: one C pass, however many tokens
-_emails_in = lambda text: set(map(str.lower, _EMAILS.findall(text))) if "@" in text else set()
+def _email(tok):
+    """The address in lower case if tok is an email address, else None."""
+    if _EMAIL.fullmatch(tok):
+        return tok.lower()
+    return None
+
+
+def _emails_in(text):
+    """The email addresses among text's tokens, in lower case: one C pass, however many tokens."""
+    if "@" not in text:
+        return set()
+    return set(map(str.lower, _EMAILS.findall(text)))
 
 
 def _url(tok):
-    # (host in lower case, path without a trailing '/') if tok starts with an http(s) URL that has a host, else None.
+    """(host in lower case, path without a trailing '/') if tok starts with an http(s) URL that has a host, else
+    None."""
     match = _URL_AT.match(tok)
-    return (match.group(1).lower(), (match.group(2) or "").rstrip("/")) if match and match.group(1) else None
+    if not match or not match.group(1):
+        return None
+    path = match.group(2) or ""
+    return match.group(1).lower(), path.rstrip("/")
+
+
+def _column(rows, number):
+    """Item number of each row, lazily (operator.itemgetter mapped over them: in C)."""
+    return map(operator.itemgetter(number), rows)
 
 
 def _urls_in(text):
-    # {(host, path)} of every http(s) URL in text that has a host, each read as _url reads one: C passes over the
-    # matches, however many URLs.
-    # a URL never spans a space: each run between spaces is read once (a request that repeats one URL 116,000
-    # times costs one match), then each URL once; text without '://' holds none
-    found = _URLS.findall(" ".join(set(text.split()))) if "://" in text else []
-    hosts, paths = list(map(str.lower, map(_FIRST, found))), map(str.rstrip, map(_SECOND, found), itertools.repeat("/"))
+    """{(host, path)} of every http(s) URL in text that has a host, each read as _url reads one. A URL never spans a
+    space: each distinct run between spaces is read once (a request that repeats one URL 116,000 times costs one
+    match), then each URL once, by C passes."""
+    if "://" not in text:
+        return set()
+    found = _URLS.findall(" ".join(set(text.split())))
+    hosts = list(map(str.lower, _column(found, 0)))
+    paths = map(str.rstrip, _column(found, 1), itertools.repeat("/"))
     return set(itertools.compress(zip(hosts, paths), hosts))
 
 
+_PATH_STARTS = ("/", "./", "~/")
+_MAX_PATH = BOUNDS["path_chars"]
+
+
 def _pathish(tok):
-    # Whether tok names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c).
-    if "://" in tok or "@" in tok or len(tok) > BOUNDS["path_chars"]:
+    """Whether tok names a file: a known extension, or clearly a path (./x, /x, ~/x, a/b/c)."""
+    if "://" in tok or "@" in tok or len(tok) > _MAX_PATH:
         return False
     base = tok.rsplit("/", 1)[-1]
     name, dot, ext = base.rpartition(".")
-    if dot and ext.lower() in EXTENSIONS and (name or base.startswith(".")) and not _digits(name):
+    named = name or base.startswith(".")
+    if dot and ext.lower() in EXTENSIONS and named and not _digits(name):
         return True
-    return "/" in tok and bool(base) and (tok.startswith(("/", "./", "~/")) or tok.count("/") >= 2)
+    rooted = tok.startswith(_PATH_STARTS) or tok.count("/") >= 2
+    return "/" in tok and bool(base) and rooted
 
 
-# the claimed path is path or a whole-component suffix of it (a.py never matches data.py)
-_suffix_of = lambda claimed, path: bool(claimed) and (path == claimed or path.endswith("/" + claimed))
-_singular = lambda n: n[:-3] + "y" if n.endswith("ies") else n[:-1] if n.endswith("s") and n[-2:] != "ss" else n
-# Explicit ids in tokens joined one a line and lower-cased, as (name, N): '#N', 'id=N' and 'id:N' (name ''), or a token
-# and the number token after it (name: that token), N of 1 to 18 digits and written without leading zeros. A name
-# is kept when it is 'id', ends in _id, or is a noun of at least 3 letters (never a stopword, verb or past
-# participle: 'user 5' yes, 'added 5' no).
-_ID_ROWS, _ID_NAME, _NOUN_LENGTH = (
-    re.compile(r"\n(?:#|id[=:]|([^\n]*)\n)(?=[0-9]{1,18}\n)0*([0-9]+)"),
-    re.compile(r"((?:.*_)?id)?"),
-    re.compile(r".{3,4}|.{5,}(?<!ed)"),
-)
+def _suffix_of(claimed, path):
+    """Whether the claimed path is path or a whole-component suffix of it (a.py never matches data.py)."""
+    if not claimed:
+        return False
+    return path == claimed or path.endswith("/" + claimed)
+
+
+def _singular(noun):
+    """noun without a plural's -s or -ies ('categories': 'category'; 'class' stays)."""
+    if noun.endswith("ies"):
+        return noun[:-3] + "y"
+    if noun.endswith("s") and not noun.endswith("ss"):
+        return noun[:-1]
+    return noun
+
+
+def _unprefixed(token):
+    """token without a leading './'."""
+    if token.startswith("./"):
+        return token[2:]
+    return token
+
+
+# The names of explicit ids in tokens joined one a line and lower-cased, as (name, N): '#N', 'id=N' and 'id:N' (name
+# ''), or a token and the number token after it (name: that token), N of 1 to 18 digits and written without leading
+# zeros; names kept as _id_noun keeps them.
+_ID_ROWS = re.compile(r"\n(?:#|id[=:]|([^\n]*)\n)(?=[0-9]{1,18}\n)0*([0-9]+)")
+_ID_NAME = re.compile(r"((?:.*_)?id)?")
+_NOUN_LENGTH = re.compile(r".{3,4}|.{5,}(?<!ed)")
+_ID_NUMBER = re.compile(r"[0-9]{1,18}")
+
+
+def _noun_like(name):
+    """Whether a lower-case name is a noun an id may follow: letters only, at least 3, never a stopword, verb or past
+    participle of 5 letters or more ('user 5' yes, 'added 5' no)."""
+    return name not in _NOT_NOUN and name.isalpha() and bool(_NOUN_LENGTH.fullmatch(name))
+
+
+def _id_noun(name):
+    """The noun an id's lower-case name gives ('' for '', id and ids; 'user' for user_id, users_id, user and users),
+    or None when it names no id: it must be id, end in _id, or be noun-like (_noun_like)."""
+    if _ID_NAME.fullmatch(name):
+        stem = name[:-3] if name.endswith("_id") else ""
+    elif _noun_like(name):
+        stem = name
+    else:
+        return None
+    noun = _singular(stem)
+    return "" if noun == "id" else noun
 
 
 def _id_rows(toks):
-    # {(name, N)} of the explicit ids among the tokens: one pattern over them all, then the names judged once each by
-    # C calls (a request can hold 100,000 tokens). Lower-cased once joined: a line break ends a word as a token's
-    # end does, so even a final sigma comes out as str.lower gives it token by token.
-    rows = set(_ID_ROWS.findall(("\n%s\n" % "\n".join(toks)).lower()))
-    names = set(map(_FIRST, rows))
+    """{(name, N)} of the explicit ids among the tokens, names as written (lower case), kept where _id_noun gives them
+    a noun. One pattern over them all, then the names judged once each by C calls (a request can hold 100,000
+    tokens). Lower-cased once joined: a line break ends a word as a token's end does, so even a final sigma comes out
+    as str.lower gives it token by token."""
+    joined = "\n%s\n" % "\n".join(toks)
+    rows = set(_ID_ROWS.findall(joined.lower()))
+    names = set(_column(rows, 0))
     nouns = filter(str.isalpha, filter(_NOUN_LENGTH.fullmatch, names - _NOT_NOUN))
     kept = set(filter(_ID_NAME.fullmatch, names)).union(nouns)
-    return set(itertools.compress(rows, map(kept.__contains__, map(_FIRST, rows))))
+    return set(itertools.compress(rows, map(kept.__contains__, _column(rows, 0))))
 
 
-def _claim_ids(low):
-    # Explicit ids the lower-cased tokens name, as (noun, N): id=N, id N, #N, NAME_id N, user 12345.
-    stem = lambda name: name[:-3] if name.endswith("_id") else "" if name == "id" else name  # 'users_id': 'users'
-    return {(_singular(stem(name)), n) for name, n in _id_rows(low)}
+class ClaimedId(collections.namedtuple("ClaimedId", "noun value introduced")):
+    """An id a claim names: noun ('' for a bare id=N, id N or #N; 'user' for user N or user_id N), value (its digits
+    without leading zeros), introduced (the preposition before it: 'sessions of user 42'; '' when none)."""
+
+    __slots__ = ()
 
 
-# a negation ('did not delete', 'no rows were') within three tokens before token i
-_negated_at = lambda low, i: not _NEGATION.isdisjoint(low[max(0, i - 3) : i])
+def _at(tokens, i):
+    """tokens[i], or '' past the end."""
+    return tokens[i] if i < len(tokens) else ""
 
 
-def _verb_classes(low, table):
-    # (classes of the verbs not negated, whether any verb is negated).
-    found = [(table[w], _negated_at(low, i)) for i, w in enumerate(low) if w in table]
-    return {cls for cls, negated in found if not negated}, any(negated for _, negated in found)
+def _id_value(text):
+    """The digits of an id (1 to 18 ASCII digits) without leading zeros, or None."""
+    if _ID_NUMBER.fullmatch(text):
+        return str(int(text))
+    return None
+
+
+def _id_at(low, i):
+    """(noun, value, tokens read) of an explicit id starting at low[i], or None."""
+    token = low[i]
+    if token[:1] == "#" and _id_value(token[1:]):
+        return "", _id_value(token[1:]), 1
+    if token[:3] in ("id=", "id:") and _id_value(token[3:]):
+        return "", _id_value(token[3:]), 1
+    value = _id_value(_at(low, i + 1))
+    noun = _id_noun(token) if value else None  # a name is judged only where a number follows it
+    if noun is None:
+        return None
+    return noun, value, 2
+
+
+_LIST_WORDS = ("and", "or", "&")
+_LIST_FOLLOWERS = _STOP | frozenset(_LIST_WORDS)
+
+
+def _listed_values(low, at):
+    """(the numbers listed from low[at] on: ', 8 and 9', where to read on). Each is followed by the list's end, a
+    conjunction or a stopword: in 'user 7 and 12 sessions', 12 is a count, not an id."""
+    values = []
+    while at < len(low):
+        if low[at] in _LIST_WORDS:
+            at += 1
+            continue
+        value = _id_value(low[at])
+        following = _at(low, at + 1) or "and"
+        if value is None or following not in _LIST_FOLLOWERS:
+            break
+        values.append(value)
+        at += 1
+    return values, at
+
+
+def _claimed_ids(low):
+    """The ids the lower-cased tokens of a claim name, in order, without repeats (see ClaimedId)."""
+    found = []
+    i = 0
+    while i < len(low):
+        at = _id_at(low, i)
+        if at is None:
+            i += 1
+            continue
+        noun, value, read = at
+        before = low[i - 1] if i else ""
+        introduced = before if before in _PREPOSITIONS else ""
+        listed, i = _listed_values(low, i + read)
+        found += [ClaimedId(noun, each, introduced) for each in [value] + listed]
+    return list(dict.fromkeys(found))
+
+
+def _negated_at(low, i):
+    """Whether a negation ('did not delete', 'no rows were') stands within three tokens before token i."""
+    before = low[max(0, i - 3) : i]
+    return not _NEGATION.isdisjoint(before)
+
+
+def _reversed(low):
+    """Whether the claim reverses or skips its action: skipped, reverted, undid, undo, rolled back, backed out
+    (a reversal word after an article names a thing: 'an undo button')."""
+    if _REVERSAL_WORDS.isdisjoint(low):
+        return False
+    pairs = list(zip([""] + low[:-1], low))  # (the word before, each word)
+    for before, word in pairs:
+        if word in _REVERSALS and before not in _ARTICLES:
+            return True
+    return not _REVERSAL_PAIRS.isdisjoint(pairs)
+
+
+class Actions(collections.namedtuple("Actions", "classes negated")):
+    """The action classes a claim's verbs name (a verb that a negation governs left out), and whether its action is
+    negated or reversed: its first verb negated ('did not delete'; 'added X without changing Y' is not), or a
+    reversal word anywhere (skipped, reverted...)."""
+
+    __slots__ = ()
+
+
+def _actions(low, verbs):
+    """The Actions of the lower-cased tokens of a claim, by a verb table (word -> class)."""
+    positions = [i for i, word in enumerate(low) if word in verbs]
+    found = [(verbs[low[i]], _negated_at(low, i)) for i in positions]
+    classes = frozenset(cls for cls, negated in found if not negated)
+    first_negated = bool(found) and found[0][1]
+    return Actions(classes, first_negated or _reversed(low))
+
+
+_COUNT_FILLERS = ("the", "all", "exactly", "only")  # words between a verb and its count: 'removed all 3'
 
 
 def _claim_count(low, verbs):
-    # The integer right after an action verb ('deleted 10 rows', 'removed all 3'), else None.
-    after = (low[i + 1 : i + 4] for i, t in enumerate(low) if t in verbs)
-    numbers = (next((_number(w) for w in words if w not in ("the", "all", "exactly", "only")), None) for words in after)
-    return next((n for n in numbers if isinstance(n, int)), None)
-
-
-# (key, value text) of every member, at any depth, valued a scalar or a flat list in json.dumps text: one C pass
-_MEMBER = re.compile(r'(?<!\\)"([^"\\]{1,64})": ("[^"\\]*(?:\\.[^"\\]*)*"|\[[^\[\]{}]*\]|[^,{}\[\]"]*)')
+    """The integer right after an action verb ('deleted 10 rows', 'removed all 3'), else None."""
+    for i, word in enumerate(low):
+        if word not in verbs:
+            continue
+        window = low[i + 1 : i + 4]
+        after = [w for w in window if w not in _COUNT_FILLERS]
+        number = _number(after[0]) if after else None
+        if isinstance(number, int):
+            return number
+    return None
 
 
 # ---- §3.2 code_diff ----------------------------------------------------------------------------------------
-
-
-def _head_paths(rest):
-    # (old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes.
-    rest = rest.strip()
-    half = len(rest) // 2
-    if rest.startswith("a/") and " b/" in rest:
-        return rest[2 : rest.find(" b/")], rest[rest.find(" b/") + 3 :]
-    if len(rest) % 2 == 1 and rest[:half] == rest[half + 1 :]:  # --no-prefix: the same path twice
-        return rest[:half], rest[:half]
-    old, _, new = rest.partition(" ")
-    return old, new or old
-
-
-def _header_path(value):
-    # The path of a ---/+++ line: diff -u appends a tab and a timestamp; git quotes unusual names.
-    value = value.split("\t", 1)[0].rstrip()
-    return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
-
-
-def _unprefix(old, new):
-    # The paths without git's a/ b/ prefixes, when both sides have them (or are /dev/null).
-    if (old.startswith("a/") or old == "/dev/null") and (new.startswith("b/") or new == "/dev/null"):
-        return tuple(p[2:] if p[1:2] == "/" else p for p in (old, new))
-    return old, new
-
-
-def _new_file(files, old, new):
-    # Append a file entry to files and return it.
-    files.append({"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False})
-    return files[-1]
 
 
 class EvidenceTooLarge(ValueError):
@@ -575,212 +792,843 @@ _DIFF_HEADER = re.compile(
 )
 # The end of a run of lines a hunk may hold (added, removed, context, "\ No newline at end of file", and blank lines:
 # context that lost its space): a newline before any other line. A run always ends before the next @@ line, so runs
-# never overlap: linear. What a hunk body starts with; an @@ line in the usual form, its counts read in C (any other
-# form is read leniently, in Python); an added or removed line, after its newline.
-_HUNK_END, _HUNK_START, _HUNK_COUNTS, _CHANGED_LINE = (
-    re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)"),
-    ("-", "+", " ", "\\", "\n", "\r\n"),
-    re.compile(r"@@ -[0-9]+(?:,([0-9]{1,9}))? \+[0-9]+(?:,([0-9]{1,9}))?(?: |$)"),
-    re.compile(r"\n([-+][^\n]*)"),
-)
+# never overlap: linear.
+_HUNK_END = re.compile(r"\n(?![-+ \\\n]|\r\n|\r$)")
+_HUNK_START = ("-", "+", " ", "\\", "\n", "\r\n")  # what a hunk body starts with
+_HUNK_COUNTS = re.compile(r"@@ -[0-9]+(?:,([0-9]{1,9}))? \+[0-9]+(?:,([0-9]{1,9}))?(?: |$)")  # the usual @@ line
+_CHANGED_LINE = re.compile(r"\n([-+][^\n]*)")  # an added or removed line, after its newline
+_ADDED_LINE = re.compile(r"^\+[^\n]*", re.M)
+_REMOVED_LINE = re.compile(r"^-[^\n]*", re.M)
+_SIGNED_LINES = {"+": _ADDED_LINE, "-": _REMOVED_LINE}
 
 
-def _hunk_body(text, start, header, file, changed):
-    # Where the hunk body at start ends: the longest run of hunk lines whose removed and context lines fit the old
-    # count of its @@ line (header) and whose added and context lines fit the new. Its + and - lines are counted into
-    # file and appended to changed. Mostly the whole run fits, which counts of its line starts tell, in C; else a
-    # binary search over str.count of its marks (one character a line) finds the end, also in C.
-    if not text.startswith(_HUNK_START, start):
-        return start
-    # the old and new line counts of '@@ -a,b +c,d @@' (a missing count is 1, a malformed one 0)
+def _head_paths(rest):
+    """(old, new) from the rest of a 'diff --git' line, with or without a/ b/ prefixes."""
+    rest = rest.strip()
+    middle = rest.find(" b/")
+    if rest.startswith("a/") and middle >= 0:
+        return rest[2:middle], rest[middle + 3 :]
+    half = len(rest) // 2
+    first = rest[:half]
+    if len(rest) % 2 and first == rest[half + 1 :]:  # --no-prefix: the same path twice
+        return first, first
+    old, _, new = rest.partition(" ")
+    return old, new or old
+
+
+def _header_path(value):
+    """The path of a ---/+++ line: diff -u appends a tab and a timestamp; git quotes unusual names."""
+    value = value.split("\t", 1)[0].rstrip()
+    quoted = value[:1] == value[-1:] == '"'
+    if quoted and len(value) > 1:
+        return value[1:-1]
+    return value
+
+
+def _without_prefix(path):
+    """path without git's a/ or b/ prefix (/dev/null stays)."""
+    if path[1:2] == "/":
+        return path[2:]
+    return path
+
+
+def _prefixed(path, prefix):
+    """Whether path starts with prefix (a/ or b/) or is /dev/null."""
+    return path.startswith(prefix) or path == "/dev/null"
+
+
+def _unprefix(old, new):
+    """The paths without git's a/ b/ prefixes, when both sides have them (or are /dev/null)."""
+    if _prefixed(old, "a/") and _prefixed(new, "b/"):
+        return _without_prefix(old), _without_prefix(new)
+    return old, new
+
+
+def _lenient_count(field):
+    """The count of one '-a,b' or '+c,d' field of an unusual @@ line: b (1 when missing), 0 when not a number."""
+    count = field[1:].partition(",")[2] or "1"
+    if _digits(count) and len(count) < 10:
+        return int(count)
+    return 0
+
+
+def _hunk_counts(header):
+    """The old and new line counts of a hunk's @@ line: a missing count is 1, a malformed one 0."""
     usual = _HUNK_COUNTS.match(header)
-    old, new = map(int, usual.groups("1")) if usual else [
-        int(n) if n.isdigit() and n.isascii() and len(n) < 10 else 0
-        for n in ([p[1:].partition(",")[2] or "1" for p in header.split(" ")[1:3]] + ["0", "0"])[:2]
-    ]
+    if usual:
+        return [int(count) for count in usual.groups("1")]
+    counts = [_lenient_count(field) for field in header.split(" ")[1:3]]
+    return (counts + [0, 0])[:2]
+
+
+def _line_counts(body):
+    """(lines, added, removed, notes) of a run of hunk lines (a newline before each): counts of line starts, in C."""
+    lines = body.count("\n")
+    added = body.count("\n+")
+    removed = body.count("\n-")
+    return lines, added, removed, body.count("\n\\")
+
+
+def _fits(counts, old, new):
+    """Whether a run of hunk lines (its _line_counts) fits the @@ line's counts: the old count covers the removed and
+    context lines (every line but the added and the notes, '\\'), the new count the added and context lines."""
+    lines, added, removed, notes = counts
+    old_lines = lines - added - notes
+    new_lines = lines - removed - notes
+    return old_lines <= old and new_lines <= new
+
+
+def _fitting_start(body, old, new):
+    """The longest start of a run of hunk lines that fits the counts: a binary search over the run's marks (one
+    character a line: its first, a space for a blank or \\r line), each try counted by str.count in C."""
+    run = body[1:].split("\n")
+    firsts = [line[:1] or " " for line in run]
+    marks = "".join(firsts).replace("\r", " ")
+    low = 0
+    high = len(run)
+    while low < high:  # the largest k whose first k lines fit
+        middle = (low + high + 1) // 2
+        context = marks.count(" ", 0, middle)
+        removed = marks.count("-", 0, middle)
+        added = marks.count("+", 0, middle)
+        if removed + context <= old and added + context <= new:
+            low = middle
+        else:
+            high = middle - 1
+    if not low:
+        return ""
+    return "\n" + "\n".join(run[:low])
+
+
+def _hunk_body(text, start, header):
+    """(the body of the hunk whose @@ line (header) ends at start, as text with a newline before each line ('' for
+    none); its _line_counts): the longest run of hunk lines that fits the @@ line's counts. Mostly the whole run fits,
+    which counts of its line starts tell, in C."""
+    if not text.startswith(_HUNK_START, start):
+        return "", (0, 0, 0, 0)
+    old, new = _hunk_counts(header)
     stop = _HUNK_END.search(text, start)
-    body = "\n" + text[start : stop.start() if stop else len(text)]  # the run, a newline before each line
-    # The old count covers the removed and context lines: every line but the added and the notes (\). The new count
-    # covers the added and context lines: every line but the removed and the notes.
-    lines, notes, added, removed = body.count("\n"), body.count("\n\\"), body.count("\n+"), body.count("\n-")
-    if lines - added - notes > old or lines - removed - notes > new:
-        run = body[1:].split("\n")
-        marks = "".join([line[:1] or " " for line in run]).replace("\r", " ")
-        low, high = 0, len(run)
-        while low < high:  # the largest k whose first k lines fit
-            middle = (low + high + 1) // 2
-            fits = (
-                marks.count("-", 0, middle) + marks.count(" ", 0, middle) <= old
-                and marks.count("+", 0, middle) + marks.count(" ", 0, middle) <= new
-            )
-            low, high = (middle, high) if fits else (low, middle - 1)
-        body, lines, added, removed = (  # the run's first low lines
-            "\n" + "\n".join(run[:low]), low, marks.count("+", 0, low), marks.count("-", 0, low)
-        )
-    file["added"] += added
-    file["removed"] += removed
-    changed += (  # when every line is a change, a split is cheaper than matching each
-        body[1:].split("\n") if lines and added + removed == lines else _CHANGED_LINE.findall(body)
-    )
-    return start + len(body) if lines else start
+    end = stop.start() if stop else len(text)
+    body = "\n" + text[start:end]
+    counts = _line_counts(body)
+    if _fits(counts, old, new):
+        return body, counts
+    body = _fitting_start(body, old, new)
+    return body, _line_counts(body)
+
+
+class _DiffReader(object):
+    """Reads a unified diff: the lines that carry its structure (found by _DIFF_HEADER) one at a time, each hunk's
+    body at once. files: [{old, new, status, added, removed, binary}]; changed: every added and removed line, its
+    sign first, in order; spans: each file's [first, end) in changed."""
+
+    def __init__(self, text):
+        self.text = text
+        self.files = []
+        self.changed = []
+        self.spans = []
+        self.current = None  # the file whose headers or hunks are being read
+        self.git_header = False  # current came from a 'diff --git' line and has not had its '+++ ' line yet
+        self.minus = None  # the path of a '--- ' line, waiting for its '+++ '
+        self.at = 0  # where the next line starts
+
+    def read(self):
+        """(files, changed, spans); EvidenceTooLarge beyond BOUNDS' diff_files files or diff_headers lines."""
+        for _ in range(BOUNDS["diff_headers"] + 1):
+            match = _DIFF_HEADER.search(self.text, self.at)
+            if match is None:
+                return self.files, self.changed, self.spans
+            self.at = match.end() + 1
+            line = match.group().rstrip("\r")
+            reader = _DIFF_LINE_READERS[line[:3]]  # its first three characters name the kind of line
+            reader(self, line)
+            if len(self.files) > BOUNDS["diff_files"]:
+                break
+        raise EvidenceTooLarge()
+
+    def new_file(self, old, new):
+        """Start a file entry and make it the current one."""
+        self.current = {"old": old, "new": new, "status": "modified", "added": 0, "removed": 0, "binary": False}
+        self.files.append(self.current)
+        first = len(self.changed)
+        self.spans.append([first, first])
+
+    def git_line(self, line):
+        """'diff --git a/x b/x': a new file."""
+        self.new_file(*_head_paths(line[11:]))
+        self.git_header = True
+
+    def minus_line(self, line):
+        """'--- a/x': the old path, kept for the '+++ ' line."""
+        self.minus = _header_path(line[4:])
+
+    def plus_line(self, line):
+        """'+++ b/x' after a '--- ' line: the file's paths (a new file unless a 'diff --git' line began it);
+        /dev/null on one side makes it created or deleted."""
+        if self.minus is None:
+            return
+        plus = _header_path(line[4:])
+        old, new = _unprefix(self.minus, plus)
+        if not self.git_header:
+            self.new_file(old, new)
+        self.current.update(old=old, new=new)
+        self.git_header = False
+        self.minus = None
+        if old == "/dev/null":
+            self.current.update(status="added", old=new)
+        elif new == "/dev/null":
+            self.current.update(status="deleted", new=old)
+
+    def hunk_line(self, line):
+        """'@@ -a,b +c,d @@': a hunk, whose + and - lines are counted into the current file and kept in changed."""
+        if self.current is None:
+            self.new_file("", "")
+        self.git_header = False
+        body, (lines, added, removed, _) = _hunk_body(self.text, self.at, line)
+        if not body:
+            return
+        self.at += len(body)
+        self.current["added"] += added
+        self.current["removed"] += removed
+        if added + removed == lines:  # every line a change: a split is cheaper than matching each
+            self.changed += body[1:].split("\n")
+        else:
+            self.changed += _CHANGED_LINE.findall(body)
+        self.spans[-1][1] = len(self.changed)
+
+    def mode_line(self, line):
+        """'new file mode' or 'deleted file mode'."""
+        if self.current is not None:
+            self.current["status"] = "added" if line[0] == "n" else "deleted"
+
+    def rename_line(self, line):
+        """'rename from x' or 'rename to y': a path of a rename."""
+        if self.current is None:
+            return
+        if line.startswith("rename from "):
+            self.current.update(status="renamed", old=line[12:])
+        else:
+            self.current.update(status="renamed", new=line[10:])
+
+    def binary_patch_line(self, line):
+        """'GIT binary patch': the current file is binary."""
+        if self.current is not None:
+            self.current["binary"] = True
+
+    def binary_files_line(self, line):
+        """'Binary files a/x and b/x differ': a binary file (the current one after a 'diff --git' line)."""
+        if not line.endswith(" differ"):
+            return
+        old, _, new = line[13:-7].partition(" and ")
+        if not self.git_header:
+            self.new_file(*_unprefix(old, new))
+        self.current["binary"] = True
+        self.git_header = False
+
+
+_DIFF_LINE_READERS = {  # the first three characters of a structure line -> how it is read
+    "dif": _DiffReader.git_line,  # diff --git
+    "---": _DiffReader.minus_line,
+    "+++": _DiffReader.plus_line,
+    "@@ ": _DiffReader.hunk_line,
+    "new": _DiffReader.mode_line,  # new file mode
+    "del": _DiffReader.mode_line,  # deleted file mode
+    "ren": _DiffReader.rename_line,  # rename from, rename to
+    "GIT": _DiffReader.binary_patch_line,  # GIT binary patch
+    "Bin": _DiffReader.binary_files_line,  # Binary files ... differ
+}
 
 
 def parse_diff(text):
-    """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], +/- lines).
-    Raises EvidenceTooLarge beyond BOUNDS' diff_files files or diff_headers structure lines."""
-    files, changed = [], []
-    current = None  # the file whose headers or hunks are being read
-    git_header = False  # current came from a 'diff --git' line and has not had its '+++ ' line yet
-    minus = None  # the path of a '--- ' line, waiting for its '+++ '
-    at = 0  # where the next line starts
-    for _ in range(BOUNDS["diff_headers"] + 1):
-        match = _DIFF_HEADER.search(text, at)
-        if match is None:
-            return files, changed
-        line, at = match.group().rstrip("\r"), match.end() + 1
-        if line.startswith("diff --git "):
-            current, git_header = _new_file(files, *_head_paths(line[11:])), True
-        elif line.startswith("--- "):
-            minus = _header_path(line[4:])
-        elif line.startswith("+++ ") and minus is not None:
-            old, new = _unprefix(minus, _header_path(line[4:]))
-            current = current if git_header else _new_file(files, old, new)
-            current["old"], current["new"], git_header, minus = old, new, False, None
-            if "/dev/null" in (old, new):  # created or deleted
-                created = old == "/dev/null"
-                status = ("added", new, new) if created else ("deleted", old, old)
-                current["status"], current["old"], current["new"] = status
-        elif line.startswith("@@ "):
-            current = current if current is not None else _new_file(files, "", "")
-            git_header = False
-            at = _hunk_body(text, at, line, current, changed)
-        elif current is not None and line.startswith(("new file mode", "deleted file mode")):
-            current["status"] = "added" if line[0] == "n" else "deleted"
-        elif current is not None and line.startswith("rename from "):
-            current["status"], current["old"] = "renamed", line[12:]
-        elif current is not None and line.startswith("rename to "):
-            current["status"], current["new"] = "renamed", line[10:]
-        elif current is not None and line.startswith("GIT binary patch"):
-            current["binary"] = True
-        elif line.startswith("Binary files ") and line.endswith(" differ"):
-            paths = _unprefix(*line[13:-7].partition(" and ")[::2])
-            current = current if git_header else _new_file(files, *paths)
-            current["binary"], git_header = True, False
-        if len(files) > BOUNDS["diff_files"]:
+    """Unified diff (git, diff -u, --no-prefix) -> ([{old, new, status, added, removed, binary}], the +/- lines, each
+    with its sign, in order). Raises EvidenceTooLarge beyond BOUNDS' diff_files files or diff_headers lines."""
+    files, changed, _ = _DiffReader(text).read()
+    return files, changed
+
+
+# Which added or removed lines are code. The patterns read text with a newline before each line, so that a search
+# skips from line to line in C. Docstrings and block comments that start a line run to their closer (or to the end);
+# after _MAX_BLOCKS of them in one file the rest of it counts as one, so the work stays linear.
+_BLOCK_OPENER = re.compile(r"\n[ \t]*[rRbBuU]?(\"\"\"|'''|/\*|<!--)")
+_BLOCK_CLOSER = {'"""': '"""', "'''": "'''", "/*": "*/", "<!--": "-->"}
+_MAX_BLOCKS = 2000
+# A whole line that is a comment or only a string (a one-line docstring). '#' lines are comments, except the
+# preprocessor lines and attributes of the languages that have them (_HASH_CODE: '#include', '#  if X', Rust's
+# '#[derive]'; elsewhere '# if x:' is a comment); '--' is a comment before a space, '*' (inside a block comment)
+# before a space or '/', ';' before a space or another ';' (C's '--i', '*p = 1' and JavaScript's ';(f)()' are code).
+_OTHER_COMMENTS = (
+    r"//|--(?![^ \t\n])|\*(?![^ \t\n/])|;(?![^ \t\n;])|<!--|-->|[rRbBuU]?(?:\"[^\"\n]*\"|'[^'\n]*')[ \t]*(?![^\n])"
+)
+_COMMENT_LINE = re.compile(r"\n[ \t]*(?:#|%s)[^\n]*" % _OTHER_COMMENTS)
+_C_COMMENT_LINE = re.compile(
+    r"\n[ \t]*(?:#(?!\[|[ \t]*(?:include|define|undef|if|ifdef|ifndef|elif|else|endif|pragma|error|import)\b)|%s)"
+    r"[^\n]*" % _OTHER_COMMENTS
+)
+# the extensions of files whose '#' lines may be code: C, C++, CUDA, Objective-C, C#, F#, Swift, Rust, Arduino
+_HASH_CODE = frozenset("c h cc cpp cxx c++ hpp hh hxx h++ ipp inl cu cuh m mm cs fs fsi fsx swift rs ino".split())
+# What says the work is not done, in lower case: TODO, FIXME, TBD (whole words), not (yet) implemented,
+# NotImplementedError, unimplemented!(). Each pattern starts with a literal, so a search skips text without it in C,
+# and takes the rest of the line (group 1).
+_TODO = re.compile(r"(todo(?<![a-z0-9_]todo)(?![a-z0-9_])[^\n]*)")
+_FIXME = re.compile(r"(fixme(?<![a-z0-9_]fixme)(?![a-z0-9_])[^\n]*)")
+_TBD = re.compile(r"(tbd(?<![a-z0-9_]tbd)(?![a-z0-9_])[^\n]*)")
+_NOT_IMPLEMENTED = re.compile(
+    r"(implemented(?:(?<=not implemented)|(?<=not yet implemented)|(?<=notimplemented)|(?<=unimplemented))[^\n]*)"
+)
+_PLACEHOLDERS = (("todo", _TODO), ("fixme", _FIXME), ("tbd", _TBD), ("implemented", _NOT_IMPLEMENTED))
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every length
+# files of prose, whose every line is content (a '# Heading' in README.md is no comment)
+_PROSE = frozenset("md markdown rst txt adoc org".split())
+# bytes that are no part of a code token ([A-Za-z0-9_.]+) -> ' '
+_CODE_BYTES = b"_.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_NOT_CODE_CHARS = bytes(byte if byte in _CODE_BYTES else 32 for byte in range(256))
+_MAX_SEARCHES = 16  # claimed identifiers looked for by a pattern each (the others by set look-ups)
+
+
+def _unsigned(lines, sign):
+    """lines (a text of lines, each with its sign, all of them sign) without their signs."""
+    return ("\n" + lines).replace("\n" + sign, "\n")[1:]
+
+
+def _signed_text(lines, sign):
+    """The lines of one sign ('+' or '-') of lines (a text of lines, each with its sign), without their signs."""
+    found = _SIGNED_LINES[sign].findall(lines)
+    return "\n".join(found).replace("\n" + sign, "\n")[1:]
+
+
+def _without_blocks(text):
+    """text (a newline before each line) without the docstrings and block comments that start a line, each up to its
+    closer (or the end)."""
+    kept = []
+    at = 0
+    for _ in range(_MAX_BLOCKS):
+        opener = _BLOCK_OPENER.search(text, at)
+        if opener is None:
+            kept.append(text[at:])
             break
-    raise EvidenceTooLarge()
+        kept.append(text[at : opener.start()])
+        closer = _BLOCK_CLOSER[opener.group(1)]
+        end = text.find(closer, opener.end())
+        at = len(text) if end < 0 else end + len(closer)
+    return "\n".join(kept)
 
 
-def _code_tokens(text):
-    # The identifier-like tokens of code ([A-Za-z0-9_.]+, split in C over the UTF-8 bytes), with every sub-chain of
-    # dotted ones of up to 8 parts.
-    out = set()
-    for t in set(text.encode("utf-8").translate(_NOT_CODE_CHARS).decode("ascii", "replace").split()):
-        parts = t.strip(".").split(".")
-        out.add(t.strip("."))
-        out.update(parts if len(parts) > 8 else (
-            ".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)))
-    return out
+def _cut(text, low, pattern):
+    """(text, low) without each match of pattern in low (text in ASCII lower case) and the rest of its line: low is
+    split at the matches, and text cut where low is, as both have the same length."""
+    pieces = pattern.split(low)  # kept, cut, kept, ..., kept
+    kept = []
+    at = 0
+    for index, piece in enumerate(pieces):
+        if index % 2 == 0:
+            kept.append(text[at : at + len(piece)])
+        at += len(piece)
+    return "".join(kept), "".join(pieces[::2])
 
 
-def _claim_terms(claim, toks, index):
-    # (named paths, identifiers, content words) of a code_diff claim. Paths are taken first, so old_api.py is a path,
-    # never an identifier; any backticked word is an identifier.
-    backticked = {t for span in claim.split("`")[1::2] for t in _tokens(span)} if claim.count("`") >= 2 else set()
-    paths, idents, words = [], set(), []
-    for t in toks:
-        c = t[2:] if t.startswith("./") else t
-        if c in index or not t.isalpha() and _pathish(c):  # letters alone are no path, email or URL
-            paths.append(c)
-        elif (t.isalpha() or not (_email(t) or _url(t))) and _identifier(t, t in backticked):
-            idents.add(t)
-        elif t.isalpha() and len(t) >= 4 and t.lower() not in _STOP and t.lower() not in _ALL_VERBS:
-            words.append(t.lower())
-    return paths, idents, words
+def _without_placeholders(text):
+    """text without each placeholder (TODO, FIXME, not implemented...) and the rest of its line: what says the work
+    is not done is no support, though the code before it on its line is."""
+    low = text.translate(_ASCII_LOWER)
+    for word, pattern in _PLACEHOLDERS:
+        if word in low:
+            text, low = _cut(text, low, pattern)
+    return text
 
 
-# bytes that are no part of a code token ([A-Za-z0-9_.]+) -> ' '; the lines of one sign
-_NOT_CODE_CHARS, _SIGNED_LINES = (
-    bytes(c if chr(c) in "_." or chr(c).isascii() and chr(c).isalnum() else 32 for c in range(256)),
-    {"+": re.compile(r"^\+[^\n]*", re.M), "-": re.compile(r"^-[^\n]*", re.M)},
+def _is_prose(path):
+    """Whether path is a file of prose (README.md, notes.txt): none of its lines is a comment."""
+    return path.rpartition(".")[2].lower() in _PROSE
+
+
+def _comment_line(path):
+    """The pattern of a whole comment line in the file at path (see _COMMENT_LINE)."""
+    if path.rpartition(".")[2].lower() in _HASH_CODE:
+        return _C_COMMENT_LINE
+    return _COMMENT_LINE
+
+
+def _code_text(text, path):
+    """The code of text (a file's added or removed lines): without placeholders (TODO, not implemented) and the rest
+    of their lines and, unless the file is prose, without comments, docstrings and string-only lines."""
+    if not text:
+        return ""
+    text = "\n" + text
+    if not _is_prose(path):
+        text = _comment_line(path).sub("\n", _without_blocks(text))
+    return _without_placeholders(text)
+
+
+def _code_forms(text):
+    """The forms under which code text offers a claimed identifier: each run of [A-Za-z0-9_.] with its outer dots
+    trimmed, and a dotted run's last part. Two forms a run: tokenising is linear, however many parts a name has."""
+    code = text.encode("utf-8").translate(_NOT_CODE_CHARS)
+    runs = set(code.decode("ascii").split())
+    whole = set(map(str.strip, runs, itertools.repeat(".")))
+    parted = map(str.rpartition, whole, itertools.repeat("."))
+    return whole.union(_column(parted, 2))
+
+
+def _occurrences(name):
+    """A pattern for name where it stands in code as a whole run of [A-Za-z0-9_] characters, or as dotted parts of a
+    longer name (user.email in self.user.email.lower()). It starts with name itself, and looks behind it after, so
+    that a search skips text without name in C."""
+    literal = re.escape(name)
+    return re.compile(r"%s(?<![A-Za-z0-9_]%s)(?![A-Za-z0-9_])" % (literal, literal))
+
+
+def _searched(names, text):
+    """The names that occur in code text (see _occurrences), each found by a search."""
+    return {name for name in names if _occurrences(name).search(text)}
+
+
+def _found_in(names, text):
+    """The names that occur in code text (see _occurrences). Up to _MAX_SEARCHES names are searched for; more are
+    looked up among the text's forms (_code_forms), and _MAX_SEARCHES of those not found there searched for (the
+    rest count as not found)."""
+    if len(names) <= _MAX_SEARCHES:
+        return _searched(names, text)
+    found = _code_forms(text).intersection(names)
+    unresolved = sorted(set(names) - found)[:_MAX_SEARCHES]
+    return found | _searched(unresolved, text)
+
+
+_WORD_SUFFIXES = ("", "s", "es", "ed", "ing")
+
+
+def _words_found(words, text):
+    """Whether a content word (or its stem, with -s -es -ed -ing allowed on either side) is a word of text, its
+    camelCase and snake_case names split."""
+    have = set(map(str.lower, _CODE_WORD.findall(text)))
+    stems = {stem for word in words for stem in _stems(word)}
+    forms = {stem + suffix for stem in stems for suffix in _WORD_SUFFIXES}
+    return not have.isdisjoint(forms)
+
+
+def _suffixes(path):
+    """path's whole-component suffixes of up to 16 components."""
+    parts = path.split("/")
+    first = max(0, len(parts) - 16)
+    starts = range(first, len(parts))
+    return ["/".join(parts[k:]) for k in starts]
+
+
+def _path_index(files):
+    """Every whole-component suffix (of up to 16 components) of every path in the diff -> the numbers of its files."""
+    index = {}
+    for number, file in enumerate(files):
+        for path in {file["old"], file["new"]} - {"", "/dev/null"}:
+            for suffix in _suffixes(path):
+                index.setdefault(suffix, set()).add(number)
+    return index
+
+
+class Diff(collections.namedtuple("Diff", "files changed spans index")):
+    """A parsed diff: files, changed and spans as _DiffReader reads them; index as _path_index makes it."""
+
+    __slots__ = ()
+
+    def lines(self, number):
+        """The added and removed lines of file number, each with its sign."""
+        first, end = self.spans[number]
+        return self.changed[first:end]
+
+    def path(self, number):
+        """The path of file number (its new path, or its old one where there is none)."""
+        file = self.files[number]
+        if file["new"] in ("", "/dev/null"):
+            return file["old"]
+        return file["new"]
+
+
+def read_diff(text):
+    """The Diff of a unified diff's text (see parse_diff)."""
+    files, changed, spans = _DiffReader(text).read()
+    return Diff(files, changed, spans, _path_index(files))
+
+
+class CodeClaim(collections.namedtuple("CodeClaim", "actions negated paths identifiers words removed_paths")):
+    """A code_diff claim: actions (add, check, fix, modify, remove: the classes of its verbs, those a negation
+    governs left out), negated, paths (those it names, as written), identifiers (backticked, dotted, snake or camel
+    case; never part of a path), words (content words: at least 4 letters, no stopword or verb), removed_paths (the
+    files a remove verb names as its object: 'Removed old_api.py', 'Deleted the file x.py')."""
+
+    __slots__ = ()
+
+
+def _term(token, index, backticked):
+    """What a claim token is: 'path' (a file of the diff, or path-like), 'identifier', 'word' (content) or None.
+    Letters alone are no path, email or URL."""
+    name = _unprefixed(token)
+    if name in index or not token.isalpha() and _pathish(name):
+        return "path"
+    named = token.isalpha() or not (_email(token) or _url(token))
+    if named and _identifier(token, token in backticked):
+        return "identifier"
+    if token.isalpha() and len(token) >= 4 and token.lower() not in _NOT_CONTENT:
+        return "word"
+    return None
+
+
+def _removed_paths(toks, low, index):
+    """The files a remove verb not negated names as its object (the first token of the three after it that is not an
+    article), when they are files of the diff or look like files."""
+    named = []
+    for i, word in enumerate(low):
+        if _CODE_VERBS.get(word) != "remove" or _negated_at(low, i):
+            continue
+        window = toks[i + 1 : i + 4]
+        objects = [_unprefixed(token) for token in window if token.lower() not in _ARTICLES]
+        target = objects[0] if objects else ""
+        if target in index or _pathish(target):
+            named.append(target)
+    return named
+
+
+def _backticked(claim):
+    """The tokens between backticks in claim."""
+    if claim.count("`") < 2:
+        return set()
+    spans = claim.split("`")[1::2]
+    return set(_tokens(" ".join(spans)))
+
+
+def code_diff_claim(claim, index):
+    """The CodeClaim of a claim, its paths recognised against the diff's index. Paths are taken first, so old_api.py
+    is a path, never an identifier; any backticked word is an identifier."""
+    toks, low = _words(claim)
+    actions = _actions(low, _CODE_VERBS)
+    backticked = _backticked(claim)
+    terms = [(_term(token, index, backticked), token) for token in toks]
+    paths = [_unprefixed(token) for term, token in terms if term == "path"]
+    identifiers = sorted({token for term, token in terms if term == "identifier"})
+    words = [token.lower() for term, token in terms if term == "word"]
+    removed = _removed_paths(toks, low, index)
+    return CodeClaim(actions.classes, actions.negated, paths, identifiers, words, removed)
+
+
+class DiffFacts(collections.namedtuple(
+        "DiffFacts", "files paths_found paths_missing named elsewhere total moved identifiers_missing "
+                     "identifiers_back identifiers_restored words_found deleted_named deleted_missing")):
+    """What a diff shows about a claim's names. files: files changed; paths_found, paths_missing: the claim's paths
+    in the diff and not; named: the files they name; elsewhere, total: changed lines in the other files and in all;
+    moved: each claimed action -> 'code' (its lines are there as code), 'other' (only as comments, blank lines,
+    docstrings or placeholders), 'none'; identifiers_missing: claimed identifiers not in the lines the action needs;
+    identifiers_back, identifiers_restored (remove claims): removed identifiers some of whose removed occurrences come
+    back in added code of the same file, and all of them; words_found: a content word is in those lines (read when
+    the claim names no identifier);
+    deleted_named, deleted_missing: the files a remove verb names that the diff deletes, and not."""
+
+    __slots__ = ()
+
+
+_CODE_ACTIONS = frozenset(["add", "check", "fix"])  # actions only code supports
+
+
+def _needs_code(claim):
+    """Whether only code lines support the claim: an add, check or fix claim, or one that names no action."""
+    return not claim.actions or not _CODE_ACTIONS.isdisjoint(claim.actions)
+
+
+def _needed_signs(actions):
+    """The signs of the lines an action set needs: + for add and check, - for remove, both for anything else."""
+    if actions and actions <= {"add", "check"}:
+        return "+"
+    if actions == {"remove"}:
+        return "-"
+    return "+-"
+
+
+def _scope(diff, named):
+    """The numbers of the files a claim's action is judged in: those it names, else all."""
+    if named:
+        return sorted(named)
+    return range(len(diff.files))
+
+
+def _file_texts(diff, number, code):
+    """sign -> (all lines, code lines) of that sign in file number, one a line, without their signs; the code lines
+    are '' unless code (a claim that only modifies or only removes never reads them)."""
+    lines = "\n".join(diff.lines(number))
+    path = diff.path(number)
+    file = diff.files[number]
+    texts = {}
+    for sign, others in (("+", file["removed"]), ("-", file["added"])):
+        every = _signed_text(lines, sign) if others else _unsigned(lines, sign)  # all of one sign: no search
+        texts[sign] = (every, _code_text(every, path) if code else "")
+    return texts
+
+
+def _joined(texts, sign, which):
+    """The lines of one sign of all the files' texts (see _file_texts): which 0 for all of them, 1 for code."""
+    return "\n".join(text[sign][which] for text in texts)
+
+
+def _moved(action, counts, code, otherwise):
+    """How the scope's lines carry one action: 'code', 'other' (lines there, but none of them code) or 'none'.
+    counts: sign -> lines of that sign; code: sign -> the code among them; otherwise: see _status_change."""
+    if action == "remove":
+        return "code" if counts["-"] or otherwise == "deleted" else "none"
+    if action not in _CODE_ACTIONS:  # modify: any change
+        return "code" if counts["+"] + counts["-"] or otherwise else "none"
+    signs = "+-" if action == "fix" else "+"
+    if any(code[sign].strip() for sign in signs):
+        return "code"
+    if any(counts[sign] for sign in signs):
+        return "other"
+    return "none"
+
+
+def _status_change(files):
+    """'deleted' if a file is deleted, True if one is binary, created or renamed, else False."""
+    statuses = {file["status"] for file in files}
+    if "deleted" in statuses:
+        return "deleted"
+    binary = any(file["binary"] for file in files)
+    return binary or bool(statuses - {"modified"})
+
+
+def _comes_back(name, texts):
+    """(files where some removed occurrences of name come back in added code, files where every one does, files
+    that remove it), over the files' texts (see _file_texts)."""
+    pattern = _occurrences(name)
+    some = 0
+    every = 0
+    removing = 0
+    for text in texts:
+        if name not in text["-"][0]:
+            continue
+        removed = len(pattern.findall(text["-"][0]))
+        added = len(pattern.findall(text["+"][1]))
+        removing += removed > 0
+        some += removed > 0 and added > 0
+        every += removed > 0 and added >= removed
+    return some, every, removing
+
+
+def _removals(claim, texts):
+    """(identifiers removed and added back in part, identifiers whose every removed occurrence comes back) for a claim
+    whose only action is remove. Identifiers beyond the first _MAX_SEARCHES count as added back in part: unread."""
+    if claim.actions != {"remove"}:
+        return 0, 0
+    back = max(0, len(claim.identifiers) - _MAX_SEARCHES)
+    restored = 0
+    for name in claim.identifiers[:_MAX_SEARCHES]:
+        some, every, removing = _comes_back(name, texts)
+        restored += bool(removing) and every == removing
+        back += bool(some) and every < removing
+    return back, restored
+
+
+def _deletions(diff, claim):
+    """(files a remove verb names that the diff deletes, those it does not delete or does not have)."""
+    deleted = 0
+    missing = 0
+    for path in claim.removed_paths:
+        numbers = diff.index.get(path, ())
+        gone = {diff.files[number]["status"] for number in numbers} == {"deleted"}
+        deleted += gone
+        missing += not gone
+    return deleted, missing
+
+
+def _sum_of(files, key):
+    """The sum of one count (added, removed) over files."""
+    return sum(file[key] for file in files)
+
+
+def _needed_text(claim, texts):
+    """The lines a claim's identifiers and content words must be in: those its action needs (see _needed_signs),
+    only code for an add, check or fix claim or one that names no action, any removed line for a remove claim."""
+    which = 1 if _needs_code(claim) and claim.actions != {"remove"} else 0  # texts' code lines, or all
+    signs = _needed_signs(claim.actions)
+    return "\n".join(_joined(texts, sign, which) for sign in signs)
+
+
+def code_diff_facts(diff, claim):
+    """The DiffFacts of a diff for a claim."""
+    found = [path for path in claim.paths if path in diff.index]
+    named = set().union(*(diff.index[path] for path in found))
+    scope = _scope(diff, named)
+    in_scope = [diff.files[number] for number in scope]
+    total = _sum_of(diff.files, "added") + _sum_of(diff.files, "removed")
+    counts = {"+": _sum_of(in_scope, "added"), "-": _sum_of(in_scope, "removed")}
+    here = counts["+"] + counts["-"]
+    reads_code = _needs_code(claim) or claim.actions == {"remove"}
+    reads_lines = reads_code or claim.identifiers or claim.words
+    texts = [_file_texts(diff, number, reads_code) for number in scope] if reads_lines else []
+    code = {sign: _joined(texts, sign, 1) for sign in "+-"}
+    otherwise = _status_change(in_scope)
+    moved = {action: _moved(action, counts, code, otherwise) for action in claim.actions}
+    needed = _needed_text(claim, texts)
+    missing = len(claim.identifiers) - len(_found_in(claim.identifiers, needed))
+    back, restored = _removals(claim, texts)
+    words_found = bool(claim.words) and not claim.identifiers and _words_found(claim.words, needed)
+    deleted, not_deleted = _deletions(diff, claim)
+    files = len(diff.files)
+    paths_found = len(found)
+    paths_missing = len(claim.paths) - paths_found
+    named_files = len(named)
+    elsewhere = total - here
+    return DiffFacts(files, paths_found, paths_missing, named_files, elsewhere, total, moved, missing, back, restored,
+                     words_found, deleted, not_deleted)
+
+
+# The checks: each a reason code's rule over (CodeClaim, DiffFacts).
+
+
+def diff_is_empty(claim, facts):
+    """The diff contains no file changes: nothing else is judged."""
+    return not facts.files
+
+
+def all_paths_in_diff(claim, facts):
+    """Every file the claim names is changed in the diff (a whole-component suffix: a.py never matches data.py)."""
+    return claim.paths and not facts.paths_missing
+
+
+def some_paths_missing(claim, facts):
+    """Some files the claim names are in the diff, some are not."""
+    return facts.paths_found and facts.paths_missing
+
+
+def no_path_in_diff(claim, facts):
+    """None of the files the claim names is in the diff."""
+    return claim.paths and not facts.paths_found
+
+
+def identifiers_in_lines(claim, facts):
+    """Every identifier the claim names is in the changed lines its action needs (add, check: added; remove: removed;
+    else either): as code for an add, check or fix claim, and for a remove claim none comes back in added code."""
+    back = facts.identifiers_back or facts.identifiers_restored
+    return claim.identifiers and not facts.identifiers_missing and not back
+
+
+def identifier_missing(claim, facts):
+    """An identifier the claim names is not in the changed lines its action needs (comments do not count for an add,
+    check or fix claim)."""
+    return facts.identifiers_missing
+
+
+def identifier_still_present(claim, facts):
+    """A remove claim's identifier is removed, but some of its removed occurrences come back in added code of the
+    same file: it is still there."""
+    return facts.identifiers_back
+
+
+def identifier_restored(claim, facts):
+    """A remove claim's identifier comes back in added code of the same file as often as it is removed: the critical
+    form of identifier_still_present (a call removed and added again is no removal)."""
+    return facts.identifiers_restored
+
+
+def content_words_missing(claim, facts):
+    """The claim names no identifier, and none of its content words (-s -es -ed -ing allowed) is in the changed lines
+    its action needs (as code for an add, check or fix claim): 'rate limiting' is not a print."""
+    return not claim.identifiers and claim.words and not facts.words_found
+
+
+def action_in_lines(claim, facts):
+    """Lines moved as each claimed action needs in the named files (all files when none is named): add and check:
+    added code; fix: changed code; modify: any change; remove: removed lines or a deleted file."""
+    states = set(facts.moved.values())
+    return claim.actions and states == {"code"}
+
+
+def action_only_in_non_code(claim, facts):
+    """The lines an add, check or fix claim needs are there, but only as comments, blank lines, docstrings or
+    placeholders (TODO, not implemented): they are no support."""
+    states = set(facts.moved.values())
+    return "other" in states and "none" not in states
+
+
+def action_not_in_lines(claim, facts):
+    """A claimed action has no lines of the kind it needs in the named files (added for add and check, removed for
+    remove)."""
+    return "none" in facts.moved.values()
+
+
+def removed_files_deleted(claim, facts):
+    """Every file a remove verb names (Removed x.py) is deleted in the diff."""
+    return facts.deleted_named and not facts.deleted_missing
+
+
+def removed_file_not_deleted(claim, facts):
+    """A remove verb names a file that the diff does not delete."""
+    return facts.deleted_missing
+
+
+def _others_changed(facts):
+    """Whether the claim names files and the diff changes others too."""
+    return facts.named and facts.named < facts.files
+
+
+def unnamed_files_changed(claim, facts):
+    """The claim names files, and the diff also changes others (at most half of the changed lines)."""
+    return _others_changed(facts) and 2 * facts.elsewhere <= facts.total
+
+
+def changes_mostly_elsewhere(claim, facts):
+    """The claim names files, and more than half of the changed lines are in files it does not name."""
+    return _others_changed(facts) and 2 * facts.elsewhere > facts.total
+
+
+CODE_DIFF_CHECKS = (
+    (diff_is_empty, "diff_no_changes", NEGATIVE),
+    (all_paths_in_diff, "path_in_diff", POSITIVE),
+    (some_paths_missing, "path_partly_in_diff", NEGATIVE),
+    (no_path_in_diff, "path_not_in_diff", CRITICAL),
+    (identifiers_in_lines, "identifier_in_changed_lines", POSITIVE),
+    (identifier_missing, "identifier_not_in_changed_lines", NEGATIVE),
+    (identifier_still_present, "identifier_still_present", NEGATIVE),
+    (identifier_restored, "identifier_restored", CRITICAL),
+    (content_words_missing, "content_words_absent", NEGATIVE),
+    (action_in_lines, "action_matches_lines", POSITIVE),
+    (action_only_in_non_code, "changed_lines_not_code", NEGATIVE),
+    (action_not_in_lines, "action_mismatch_lines", NEGATIVE),
+    (removed_files_deleted, "file_deleted", POSITIVE),
+    (removed_file_not_deleted, "file_not_deleted", NEGATIVE),
+    (claim_is_negated, "claim_negated", NEGATIVE),
+    (unnamed_files_changed, "unnamed_files_changed", NEGATIVE),
+    (changes_mostly_elsewhere, "changes_mostly_elsewhere", CRITICAL),
 )
 
 
-def _identifier_code(idents, words, lines):
-    # Named identifiers must all be in the lines the action needs. Content words matter only when the claim names no
-    # identifier: then one of them (or its stem) must be there ("rate limiting" is not a print).
-    if idents:
-        return "identifier_in_changed_lines" if idents <= _code_tokens(lines) else "identifier_not_in_changed_lines"
-    have = {v for w in set(_CODE_WORD.findall(lines)) for v in _variants(w.lower())} if words else ()
-    return "content_words_absent" if words and not any(v in have for w in words for v in _variants(w)) else None
+_PUBLIC = ("old", "new", "status", "added", "removed", "binary")  # the keys of a file that details show
 
 
-def _deleted_files_code(toks, low, index, files):
-    # For the files a remove verb names as its object ('Removed old_api.py', 'Deleted the file x.py'): whether the diff
-    # deletes each of them.
-    gone = set()  # file numbers; -1 stands for a named file the diff does not have
-    for i in (i for i, w in enumerate(low) if _CODE_VERBS.get(w) == "remove" and not _negated_at(low, i)):
-        obj = next((t[2:] if t.startswith("./") else t for t in toks[i + 1 : i + 4] if t.lower() not in _ARTICLES), "")
-        gone |= index.get(obj, {-1}) if obj and (obj in index or _pathish(obj)) else set()
-    deleted = all(k >= 0 and files[k]["status"] == "deleted" for k in gone)
-    return None if not gone else "file_deleted" if deleted else "file_not_deleted"
+def _public(file):
+    """A file's entry as details show it."""
+    return {key: file[key] for key in _PUBLIC}
+
+
+def _code_diff_details(diff, claimed):
+    """details of a code_diff judgement: the first 100 files, the counts, and what the claim names."""
+    files = [_public(file) for file in diff.files[:100]]
+    changed = len(diff.files)
+    added = _sum_of(diff.files, "added")
+    removed = _sum_of(diff.files, "removed")
+    paths = claimed.paths[:50]
+    identifiers = claimed.identifiers[:50]
+    actions = sorted(claimed.actions)
+    details = {
+        "files": files,
+        "files_changed": changed,
+        "lines_added": added,
+        "lines_removed": removed,
+        "claimed_paths": paths,
+        "identifiers": identifiers,
+        "actions": actions,
+    }
+    return details
 
 
 def judge_code_diff(claim, ev, ev_json=None):
     """{diff}: the paths, identifiers and action the claim names, against the parsed diff."""
-    files, changed = parse_diff(ev["diff"])
-    index = {}  # every whole-component suffix (of up to 16 components) of every path in the diff -> file numbers
-    for i, comps in ((i, p.split("/")) for i, f in enumerate(files) for p in {f["old"], f["new"]} - {"", "/dev/null"}):
-        for k in range(max(0, len(comps) - 16), len(comps)):
-            index.setdefault("/".join(comps[k:]), set()).add(i)
-    details = {
-        "files": files[:100],
-        "files_changed": len(files),
-        "lines_added": sum(f["added"] for f in files),
-        "lines_removed": sum(f["removed"] for f in files),
-    }
-    if not files:
-        return ["diff_no_changes"], details
-    toks, low = _words(claim)
-    classes, negated = _verb_classes(low, _CODE_VERBS)
-    claimed, idents, words = _claim_terms(claim, toks, index)
-    # 1. the paths the claim names: all, some or none in the diff
-    hits = [c for c in claimed if c in index]
-    named = set().union(*(index[c] for c in hits))  # the numbers of the named files
-    path_code = (
-        "path_not_in_diff" if not hits else "path_partly_in_diff" if len(hits) < len(claimed) else "path_in_diff"
-    )
-    # 2. identifiers (else content words) in the lines the action needs: added for add and check, removed for
-    # remove, either for anything else
-    signs = "+" if classes and classes <= {"add", "check"} else "-" if classes == {"remove"} else "+-"
-    needed = "\n".join(changed)  # their signs are no part of any token
-    other = "-" if signs == "+" else "+"  # keep only one sign's lines, if the other sign has any
-    one_sign = signs in _SIGNED_LINES and (needed.startswith(other) or "\n" + other in needed)
-    needed = "\n".join(_SIGNED_LINES[signs].findall(needed)) if one_sign else needed
-    identifier_code = _identifier_code(idents, words, needed)
-    # 3. the action against the lines moved in the named files (all files when none is named)
-    scope = [files[i] for i in sorted(named)] if named else files
-    added, removed = sum(f["added"] for f in scope), sum(f["removed"] for f in scope)
-    moved = {
-        "add": added > 0,
-        "check": added > 0,
-        "remove": removed or any(f["status"] == "deleted" for f in scope),
-        "modify": added + removed > 0 or any(f["binary"] or f["status"] != "modified" for f in scope),
-    }
-    # 4. when the claim names files and the diff changes others too: most changed lines elsewhere is critical
-    total = sum(f["added"] + f["removed"] for f in files)
-    elsewhere = total - added - removed
-    codes = [
-        path_code if claimed else None,
-        identifier_code,
-        None if not classes else "action_matches_lines" if all(moved[c] for c in classes) else "action_mismatch_lines",
-        _deleted_files_code(toks, low, index, files),
-        "claim_negated" if negated else None,
-        None if not named or len(named) >= len(files)
-        else "changes_mostly_elsewhere" if elsewhere * 2 > total else "unnamed_files_changed",
-    ]
-    details.update(claimed_paths=claimed[:50], identifiers=sorted(idents)[:50], actions=sorted(classes))
-    return [c for c in codes if c], details
+    diff = read_diff(ev["diff"])
+    claimed = code_diff_claim(claim, diff.index)
+    facts = code_diff_facts(diff, claimed)
+    return run_checks(CHECKS["code_diff"], claimed, facts), _code_diff_details(diff, claimed)
 
 
 # ---- §3.3 db_op --------------------------------------------------------------------------------------------
@@ -795,395 +1643,1446 @@ _SQL_KINDS = {  # statement keyword -> the action class it performs; merge gives
     "REPLACE": "merge",
     "UPSERT": "merge",
 }
+# SQL text is cut into code, strings, quoted names and comments in one forward pass: each is found by its opener,
+# its closer by one match or str.find (an unclosed one runs to the end). Code between them is tokenised by one
+# findall. After _MAX_SQL_QUOTED strings and comments the rest is one unread token (no plain WHERE reaches past it).
+_SQL_OPENER = re.compile(r"['\"`#]|--|/\*")
+_SQL_STRING = re.compile(r"'[^']*(?:''[^']*)*'")  # '' inside is a quote; unrolled: the parts never overlap
+_SQL_CLOSERS = {'"': '"', "`": "`", "#": "\n", "--": "\n", "/*": "*/"}
+_SQL_CODE_TOKEN = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_$]*|[0-9]+(?:\.[0-9]+)?|[$:@?%][A-Za-z0-9_]*|<>|!=|<=|>=|\|\||&&|==|\S"
+)
+_MAX_SQL_QUOTED = 4096
+_SQL_COMMENT = "/**/"  # the token a comment becomes
+_SQL_UNREAD = "\x00"  # the token the text past _MAX_SQL_QUOTED becomes
+_SQL_BAD_STRING = "'\\'"  # a string literal holding a backslash, which dialects read differently
 
 
-def _strip_sql(sql):
-    # SQL with string literals, quoted names and comments blanked, in one forward pass (linear).
-    out, i = [], 0
+def _sql_string_token(literal):
+    """The token of a string literal (quotes included): its digits if it is a whole number ('42'), _SQL_BAD_STRING if it
+    holds a backslash, else "'s'"."""
+    inner = literal[1:-1]
+    if "\\" in inner:
+        return _SQL_BAD_STRING
+    if _digits(inner) and len(inner) <= 18:
+        return "'%s'" % inner
+    return "'s'"
+
+
+def _sql_quoted(sql, opener):
+    """(token, where the text after it starts) of the string, quoted name or comment that starts at opener."""
+    start = opener.start()
+    kind = opener.group()
+    if kind == "'":
+        literal = _SQL_STRING.match(sql, start)
+        if literal is None:
+            return _SQL_BAD_STRING, len(sql)
+        return _sql_string_token(literal.group()), literal.end()
+    closer = _SQL_CLOSERS[kind]
+    end = sql.find(closer, opener.end())
+    stop = len(sql) if end < 0 else end + len(closer)
+    if kind in ('"', "`") and end >= 0:
+        return sql[start:stop], stop
+    return _SQL_COMMENT, stop
+
+
+def sql_tokens(sql):
+    """The tokens of SQL text: words, numbers, placeholders ($1, :name, ?), operators and punctuation; a string
+    literal as one token (see _sql_string_token); a quoted name as one token with its quotes; a comment as '/**/'."""
+    tokens = []
+    at = 0
+    for _ in range(_MAX_SQL_QUOTED):
+        opener = _SQL_OPENER.search(sql, at)
+        if opener is None:
+            break
+        tokens += _SQL_CODE_TOKEN.findall(sql, at, opener.start())
+        token, at = _sql_quoted(sql, opener)
+        tokens.append(token)
+    else:
+        return tokens + [_SQL_UNREAD]
+    return tokens + _SQL_CODE_TOKEN.findall(sql, at)
+
+
+# A plain WHERE clause: a conjunction (AND) of simple predicates, 'column OP literal', 'column IN (literal, ...)',
+# 'column IS [NOT] NULL' or 'column BETWEEN literal AND literal', with grouping parentheses. Anything else is not
+# plain, and why is said in one of these words (never the input's own text).
+_COMPARISONS = frozenset(["=", "==", "<", ">", "<=", ">=", "<>", "!="])
+_WHY_NOT_PLAIN = {
+    "OR": "OR", "||": "|| or string concatenation", "NOT": "NOT", "!": "NOT", "XOR": "XOR", "&&": "&&",
+    "LIKE": "LIKE", "ILIKE": "LIKE", "RLIKE": "LIKE", "REGEXP": "LIKE", "GLOB": "LIKE", "SIMILAR": "LIKE",
+    "EXISTS": "a subquery", "SELECT": "a subquery", "CASE": "CASE", "IS": "a chained comparison",
+    "+": "arithmetic", "-": "arithmetic", "*": "arithmetic", "/": "arithmetic", "%": "arithmetic",
+    "DIV": "arithmetic", "MOD": "arithmetic", "&": "arithmetic", "|": "arithmetic", "^": "arithmetic",
+    "<<": "arithmetic", ">>": "arithmetic",
+    "(": "a function call", _SQL_COMMENT: "a comment", _SQL_UNREAD: "too many strings or comments to read",
+    _SQL_BAD_STRING: "a string with a backslash", ";": "a second statement",
+}
+_SQL_WORDS = frozenset("""AND OR NOT XOR IN IS NULL TRUE FALSE LIKE ILIKE BETWEEN EXISTS SELECT CASE WHEN THEN ELSE END
+    WHERE FROM SET VALUES INTO AS ON USING JOIN ORDER GROUP BY LIMIT RETURNING HAVING UNION DIV MOD""".split())
+_SQL_WHERE_END = frozenset(["ORDER", "LIMIT", "RETURNING", "OFFSET", "FETCH"])  # what may follow a WHERE clause
+_SQL_TYPED = frozenset(["DATE", "TIME", "TIMESTAMP"])  # DATE '2024-01-01'
+_SQL_MODIFIERS = frozenset("LOW_PRIORITY QUICK IGNORE ONLY TABLE DELAYED HIGH_PRIORITY TOP".split())
+
+
+def _why(token):
+    """Why a token where a WHERE clause needs AND, an operator or a literal makes it not plain ('' for the end)."""
+    if not token:
+        return "an incomplete predicate"
+    if token in _COMPARISONS:
+        return "a chained comparison"
+    return _WHY_NOT_PLAIN.get(token.upper(), "an expression")
+
+
+_SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+
+
+def _name_token(token):
+    """A token's name, if it can be a part of a column or table name: a word that is no SQL keyword, or a quoted name
+    (its quotes removed); in lower case. None otherwise."""
+    if token[:1] in ('"', "`") and len(token) > 1:
+        return token[1:-1].lower()
+    if _SQL_NAME.fullmatch(token) and token.upper() not in _SQL_WORDS:
+        return token.lower()
+    return None
+
+
+def _qualified_name(tokens, at):
+    """((qualifier, name), next position) of a name at tokens[at] (name, or q.name, q1.q2.name: the part before the
+    last is its qualifier, '' for none); (None, at) when there is none."""
+    parts = [""]
+    while at < len(tokens):
+        part = _name_token(tokens[at])
+        if part is None:
+            break
+        parts.append(part)
+        at += 1
+        if _at(tokens, at) != ".":
+            break
+        at += 1
+    if len(parts) == 1:
+        return None, at
+    return (parts[-2], parts[-1]), at
+
+
+_LITERAL_WORDS = ("NULL", "TRUE", "FALSE")
+_SQL_PLACEHOLDERS = ("$", ":", "@", "?", "%")  # ?, $1, :name, @name, %s
+
+
+def _whole_number(text):
+    """text's digits without leading zeros, if it is a whole number, else None."""
+    if _digits(text):
+        return str(int(text))
+    return None
+
+
+def _literal(tokens, at):
+    """(is a literal, its value, next position) at tokens[at]: a number ('-' allowed; a whole one's value is its
+    digits), a string ('42' has the value 42), NULL, TRUE, FALSE, DATE/TIME/TIMESTAMP 'text', or a placeholder
+    (?, $1, :name, @name, %s); the value None where it is not a whole number."""
+    token = _at(tokens, at)
+    following = _at(tokens, at + 1)
+    if token == "-" and following[:1].isdigit():
+        value = _whole_number(following)
+        return True, value and "-" + value, at + 2
+    quoted = token[:1] == "'" and token != _SQL_BAD_STRING
+    if token[:1].isdigit() or quoted:
+        return True, _whole_number(token.strip("'")), at + 1
+    if token.upper() in _LITERAL_WORDS or token.startswith(_SQL_PLACEHOLDERS):
+        return True, None, at + 1
+    typed = token.upper() in _SQL_TYPED and following[:1] == "'"
+    if typed and following != _SQL_BAD_STRING:
+        return True, None, at + 2
+    return False, None, at
+
+
+def _in_list(tokens, at):
+    """(values, next position, None) of '(literal, ...)' at tokens[at] (a value None where it is no whole number), or
+    (None, at, why) when there is none."""
+    if _at(tokens, at) != "(":
+        return None, at, "a subquery"
+    values = []
     while True:
-        m = _SQL_SKIP.search(sql, i)
-        out.append(sql[i : m.start() if m else len(sql)])
-        end = {"--": "\n", "/*": "*/"}.get(m.group(), m.group()) if m else ""
-        j = sql.find(end, m.end()) if m else -1
-        if j < 0:
-            return " ".join(out)
-        i = j + len(end)
+        is_literal, value, after = _literal(tokens, at + 1)
+        following = _at(tokens, after)
+        if not is_literal:
+            return None, at, _why(following)
+        values.append(value)
+        if following == ")":
+            return values, after + 1, None
+        if following != ",":
+            return None, at, _why(following)
+        at = after
 
 
-def _where_ids(toks, start, end):
-    # (ids, broad) of the WHERE clause in toks[start:end]: the numbers compared with an id column (id = N, N = id, id IN
-    # (N, ...)), and whether the clause may reach other rows (OR, NOT, <>, !=, a subquery).
+_PINNING = {"=": "=", "==": "=", "<>": "<>", "!=": "<>"}  # comparisons that pin a value, or exclude one
 
-    number = lambda j: str(int(toks[j])) if start <= j < end and _digits(toks[j]) and len(toks[j]) <= 18 else None
-    ids, where, broad, i = set(), False, False, start
-    while i < end:  # each token is looked at a bounded number of times: linear
-        up, column, following = toks[i].upper(), toks[i].rsplit(".", 1)[-1].lower(), "".join(toks[i + 1 : i + 2])
-        where = where or up == "WHERE"
-        broad = broad or where and (up in ("OR", "<>", "!=") or up == "NOT" and following.upper() != "NULL")
-        if where and (column == "id" or column.endswith("_id") or toks[i].endswith("Id")):
-            if [t.upper() for t in toks[i + 1 : i + 3]] == ["IN", "("]:  # id IN (1, 2, 3): at most 1000 tokens
-                stop = next((j for j in range(i + 3, min(end, i + 1003)) if toks[j] == ")"), min(end, i + 1003))
-                inner = range(i + 3, stop)
-                if all(toks[j] == "," or number(j) for j in inner):
-                    ids.update(filter(None, map(number, inner)))
-                else:
-                    broad = True  # a subquery or an expression
-                i = stop
-                continue
-            right, left = toks[i + 1 : i + 2] == ["="], toks[i - 1 : i] == ["="]  # id = 5, 5 = id
-            ids.update(n for n in (number(i + 2) if right else None, number(i - 2) if left else None) if n)
-        i += 1
-    return ids, broad
+
+def _comparison(tokens, column, at):
+    """(pins, next position, None) of 'OP literal' at tokens[at], or (None, at, why)."""
+    is_literal, value, after = _literal(tokens, at + 1)
+    if not is_literal:
+        return None, at, _why(_at(tokens, at + 1))
+    op = _PINNING.get(tokens[at])
+    if op and value:
+        return [(column, value, op)], after, None
+    return [], after, None
+
+
+def _null_test(tokens, at):
+    """([], next position, None) of 'IS NULL' or 'IS NOT NULL' at tokens[at], or (None, at, why)."""
+    first = _at(tokens, at + 1).upper()
+    second = _at(tokens, at + 2).upper()
+    if first == "NULL":
+        return [], at + 2, None
+    if first == "NOT" and second == "NULL":
+        return [], at + 3, None
+    return None, at, "a chained comparison"
+
+
+def _between(tokens, at):
+    """([], next position, None) of 'BETWEEN literal AND literal' at tokens[at], or (None, at, why)."""
+    low, _, after = _literal(tokens, at + 1)
+    conjunction = _at(tokens, after).upper()
+    high, _, end = _literal(tokens, after + 1)
+    if low and conjunction == "AND" and high:
+        return [], end, None
+    return None, at, "an expression"
+
+
+def _in_predicate(tokens, column, at):
+    """(pins, next position, None) of 'IN (literal, ...)' at tokens[at], or (None, at, why)."""
+    values, after, why = _in_list(tokens, at + 1)
+    if values is None:
+        return None, at, why
+    return [(column, value, "=") for value in values if value], after, None
+
+
+def _predicate(tokens, at):
+    """(pins, next position, None) of one simple predicate at tokens[at], pins being ((qualifier, column), N, '=')
+    for 'column = N' and each N of 'column IN (N, ...)', and ((qualifier, column), N, '<>') for 'column <> N' and
+    'column != N'; (None, at, why) when there is none there."""
+    column, at = _qualified_name(tokens, at)
+    op = _at(tokens, at).upper()
+    if column is None:
+        return None, at, _why(op)
+    if op in _COMPARISONS:
+        return _comparison(tokens, column, at)
+    if op == "IN":
+        return _in_predicate(tokens, column, at)
+    if op == "IS":
+        return _null_test(tokens, at)
+    if op == "BETWEEN":
+        return _between(tokens, at)
+    return None, at, _why(op)
+
+
+def _run_of(tokens, at, token):
+    """How many tokens equal to token stand one after another from tokens[at] on."""
+    count = 0
+    while _at(tokens, at + count) == token:
+        count += 1
+    return count
+
+
+def where_shape(clause):
+    """('plain', pins, None) when the tokens of a WHERE clause are a conjunction of simple predicates (see
+    _predicate), in grouping parentheses or not; else ('not plain', [], why)."""
+    pins = []
+    depth = 0
+    at = 0
+    while True:
+        opened = _run_of(clause, at, "(")
+        depth += opened
+        found, at, why = _predicate(clause, at + opened)
+        if found is None:
+            return "not plain", [], why
+        pins += found
+        closed = _run_of(clause, at, ")")
+        depth -= closed
+        at += closed
+        if depth < 0:
+            return "not plain", [], "unbalanced parentheses"
+        if at == len(clause):
+            break
+        if clause[at].upper() != "AND":
+            return "not plain", [], _why(clause[at])
+        at += 1
+    if depth:
+        return "not plain", [], "unbalanced parentheses"
+    return "plain", pins, None
+
+
+class SqlFacts(collections.namedtuple("SqlFacts", "kind table alias single where why pins statements")):
+    """An SQL operation. kind: the first statement's action (read, insert, update, delete, merge; None if unknown);
+    table, alias: its target table's name and alias, in lower case (None if unknown); single: it names one table
+    (no join, USING or second table); where: 'none', 'plain' or 'not plain' (why: what made it so); pins: ((qualifier,
+    column), N, op) of each 'column = N' and 'column IN (N, ...)' (op '=') and 'column <> N' (op '<>') of a plain
+    WHERE; statements: 1, or 2 for more."""
+
+    __slots__ = ()
+
+
+_NO_SQL = SqlFacts(None, None, None, False, "none", None, [], 1)  # the facts of a db_op without an operation
+
+
+def _kind_keyword(upper):
+    """The position of a statement's kind keyword among its tokens in upper case: its first, or after WITH the first
+    statement keyword outside parentheses (len(upper) when there is none)."""
+    if upper[:1] != ["WITH"]:
+        return 0
+    depth = 0
+    for at, token in enumerate(upper):
+        depth += (token == "(") - (token == ")")
+        if depth <= 0 and token in _SQL_KINDS:
+            return at
+    return len(upper)
+
+
+def _statement_kind(upper, at):
+    """The kind of the statement whose kind keyword is at upper[at]; INSERT ... ON CONFLICT and ON DUPLICATE KEY are
+    merges."""
+    kind = _SQL_KINDS.get(_at(upper, at))
+    upsert = "CONFLICT" in upper or "DUPLICATE" in upper
+    if kind == "insert" and upsert:
+        return "merge"
+    return kind
+
+
+def _index(tokens, token, start):
+    """The position of the first token equal to token from start on, or len(tokens)."""
+    try:
+        return tokens.index(token, start)
+    except ValueError:
+        return len(tokens)
+
+
+_TARGET_AFTER = {"DELETE": "FROM", "SELECT": "FROM", "INSERT": "INTO", "REPLACE": "INTO", "MERGE": "INTO",
+                 "UPSERT": "INTO"}  # the word a statement's target table follows (UPDATE, TRUNCATE: the keyword)
+_ONE_TABLE_NEXT = ("", "WHERE", "SET", "(", "VALUES", "SELECT", "DEFAULT", "ORDER", "LIMIT", "RETURNING")
+
+
+def _target(tokens, upper, at):
+    """(table, alias, single) of the statement whose kind keyword is at tokens[at]: the name after FROM (DELETE,
+    SELECT), INTO (INSERT, MERGE, REPLACE) or the keyword itself (UPDATE, TRUNCATE), modifiers skipped."""
+    before = _TARGET_AFTER.get(upper[at])
+    if before:
+        at = _index(upper, before, at)
+    at += 1
+    while _at(upper, at) in _SQL_MODIFIERS:
+        at += 1
+    name, at = _qualified_name(tokens, at)
+    if name is None:
+        return None, None, False
+    if _at(upper, at) == "AS":
+        at += 1
+    alias = _name_token(_at(tokens, at))
+    if alias is not None:
+        at += 1
+    return name[1], alias, _at(upper, at) in _ONE_TABLE_NEXT
+
+
+def _where_clause(tokens, upper):
+    """The tokens of a statement's WHERE clause (after WHERE, outside parentheses, up to ORDER, LIMIT, RETURNING...),
+    or None when it has none."""
+    depth = 0
+    start = None
+    for at, token in enumerate(upper):
+        depth += (token == "(") - (token == ")")
+        if depth:
+            continue
+        if start is None and token == "WHERE":
+            start = at + 1
+        elif start is not None and token in _SQL_WHERE_END:
+            return tokens[start:at]
+    if start is None:
+        return None
+    return tokens[start:]
+
+
+def _first_statement(tokens):
+    """(the tokens of the first statement, after the comments before it; whether other statements follow)."""
+    start = _run_of(tokens, 0, _SQL_COMMENT)
+    end = _index(tokens, ";", start)
+    rest = set(tokens[end + 1 :]) - {";", _SQL_COMMENT}
+    return tokens[start:end], bool(rest)
 
 
 def sql_facts(sql):
-    """(kind, ids in the first statement's WHERE, WHERE broad: OR/NOT/<>/!=/subquery, more statements)."""
-    toks = _SQL_TOKEN.findall(_strip_sql(sql))
-    # the first statement: its kind, its keyword at start, and its end at the first ';' outside parentheses (after
-    # WITH, the kind is that of the first statement keyword outside parentheses)
-    kind, depth, start, end, first = None, 0, 0, len(toks), toks[0].upper() if toks else ""
-    for i, t in enumerate(toks):
-        depth += (t == "(") - (t == ")")
-        if t == ";" and depth <= 0:
-            end = i
-            break
-        if kind is None and depth <= 0 and (first == "WITH" or i == 0) and t.upper() in _SQL_KINDS:
-            kind, start = _SQL_KINDS[t.upper()], i
-    upsert = kind == "insert" and any(t.upper() in ("CONFLICT", "DUPLICATE") for t in toks[start:end])  # ON CONFLICT
-    return ("merge" if upsert else kind,) + _where_ids(toks, start, end) + (any(t != ";" for t in toks[end + 1 :]),)
+    """The SqlFacts of an SQL operation (its first statement; comments before it are skipped)."""
+    statement, more = _first_statement(sql_tokens(sql))
+    upper = list(map(str.upper, statement))
+    at = _kind_keyword(upper)
+    kind = _statement_kind(upper, at)
+    if kind is None:
+        return _NO_SQL._replace(statements=1 + more)
+    table, alias, single = _target(statement, upper, at)
+    clause = _where_clause(statement, upper) if kind in _WHERE_KINDS else None
+    if clause is None:
+        return SqlFacts(kind, table, alias, single, "none", None, [], 1 + more)
+    where, pins, why = where_shape(clause)
+    return SqlFacts(kind, table, alias, single, where, why, pins, 1 + more)
+
+
+_WHERE_KINDS = ("read", "update", "delete")  # the statements whose WHERE clause confirms ids
+
+
+class DbClaim(collections.namedtuple("DbClaim", "action writes conflicting negated count ids")):
+    """A db_op claim: action (its one action class: delete, insert, update or read; None), writes (its write
+    classes), conflicting (more than one write class), negated, count (the number after its verb: 'deleted 10
+    rows'), ids (ClaimedId, each once)."""
+
+    __slots__ = ()
+
+
+def _db_action(classes):
+    """The one action a set of db_op classes claims: its one write, or read alone; else None."""
+    writes = classes - {"read"}
+    if len(writes) == 1:
+        return next(iter(writes))
+    if classes == {"read"}:
+        return "read"
+    return None
+
+
+def db_op_claim(claim):
+    """The DbClaim of a claim."""
+    low = _lower(_tokens(claim))
+    actions = _actions(low, _DB_VERBS)
+    writes = actions.classes - {"read"}
+    count = _claim_count(low, _DB_VERBS)
+    action = _db_action(actions.classes)
+    conflicting = len(writes) > 1
+    ids = _claimed_ids(low)
+    return DbClaim(action, writes, conflicting, actions.negated, count, ids)
+
+
+class DbFacts(collections.namedtuple("DbFacts", "sql kind delta affected reached counts ids_where matched "
+                                                "mismatched unconfirmed rows_pinned")):
+    """What the evidence says about a db_op claim. sql: SqlFacts; kind: the SQL statement's kind when it gives a
+    direction (MERGE, UPSERT and REPLACE do not); delta: after_count - before_count (None unless both); affected:
+    affected_rows; reached: the most rows the operation reached (affected_rows or |delta|); counts: the row counts a
+    claimed count may meet (affected_rows, and |delta| unless an update is claimed); ids_where: the WHERE shape that
+    judges the claim's ids ('none', 'plain', 'not plain'; None when the claim names none or the statement has no
+    WHERE to judge them by); matched, mismatched, unconfirmed: how many claimed ids a plain WHERE pins under their
+    noun, contradicts, or neither (see _id_state); rows_pinned: the distinct claimed ids that name the rows written
+    (see _pins_rows)."""
+
+    __slots__ = ()
+
+
+def _owner(sql, qualifier):
+    """The table a column belongs to by its qualifier: the target table for its own name or alias, or no qualifier
+    in a one-table statement; the qualifier's table otherwise; None when unknown."""
+    if qualifier and qualifier in (sql.table, sql.alias):
+        return sql.table
+    if qualifier:
+        return qualifier
+    return sql.table if sql.single else None
+
+
+def _pin_noun(sql, pin):
+    """The noun whose ids a pinned column holds: its table's for id (None when unknown), x's for x_id; None for any
+    other column."""
+    qualifier, column = pin[0]
+    if column == "id":
+        owner = _owner(sql, qualifier)
+        return _singular(owner) if owner else None
+    if column.endswith("_id"):
+        return _singular(column[:-3])
+    return None
+
+
+def _claimed_noun(sql, claimed):
+    """The noun a claimed id names: its own, or for a bare id (id=N, #N) the target table's (None when unknown)."""
+    if claimed.noun:
+        return claimed.noun
+    return _singular(sql.table) if sql.table else None
+
+
+def _agrees(sql, pin, noun):
+    """Whether a pinned column holds ids of noun: id in the noun's table, noun_id, or nounid (orderId)."""
+    column = pin[0][1]
+    return column == noun + "id" or _pin_noun(sql, pin) == noun
+
+
+def _pins_rows(sql, claimed):
+    """Whether a claimed id names the rows written: a bare id, one that no preposition brings in ('user 42'), or one
+    whose noun is the target table's; not one of another entity ('the sessions of user 42')."""
+    if not claimed.noun or not claimed.introduced:
+        return True
+    return sql.table is not None and _singular(sql.table) == claimed.noun
+
+
+def _id_state(sql, claimed):
+    """'matched', 'mismatched' or 'unconfirmed': a claimed id against the pins of a plain WHERE. An id keeps its
+    noun: order 42 is matched by id = 42 in the order(s) table or by order_id = 42 (or orderId); it is mismatched when
+    its column pins another value or excludes this one (id <> 42), when its value is pinned for another noun
+    (customer_id = 42), or when it names the rows written but the WHERE pins only other nouns' ids."""
+    noun = _claimed_noun(sql, claimed)
+    if noun is None:
+        return "unconfirmed"
+    agreeing = [pin for pin in sql.pins if _agrees(sql, pin, noun)]
+    equal = {value for _, value, op in agreeing if op == "="}
+    excluded = {value for _, value, op in agreeing if op == "<>"}
+    if claimed.value in equal - excluded:
+        return "matched"
+    pinned = [pin for pin in sql.pins if pin[2] == "="]
+    nouns = {_pin_noun(sql, pin) for pin in pinned} - {None}
+    same_value = [pin for pin in pinned if pin[1] == claimed.value]
+    others = {_pin_noun(sql, pin) for pin in same_value} - {None, noun}
+    if agreeing or others or nouns and _pins_rows(sql, claimed):
+        return "mismatched"
+    return "unconfirmed"
+
+
+def _ids_where(claim, sql):
+    """The WHERE shape that judges a claim's ids, or None (see DbFacts)."""
+    if not claim.ids or sql.kind not in _WHERE_KINDS:
+        return None
+    return sql.where
+
+
+def _direction(sql):
+    """The SQL statement's kind, if it gives a direction (MERGE, UPSERT and REPLACE do not), else None."""
+    if sql.kind == "merge":
+        return None
+    return sql.kind
+
+
+def db_op_facts(ev, claim):
+    """The DbFacts of db_op evidence for a claim."""
+    before = ev.get("before_count")
+    after = ev.get("after_count")
+    affected = ev.get("affected_rows")
+    delta = None if before is None or after is None else after - before
+    reached = max(affected or 0, abs(delta or 0))
+    counts = {affected}
+    if delta is not None and claim.action != "update":  # an update moves no rows in or out
+        counts.add(abs(delta))
+    counts.discard(None)
+    operation = ev.get("operation")
+    sql = _NO_SQL if operation is None else sql_facts(operation)
+    plain = sql.where == "plain"
+    states = [_id_state(sql, claimed) if plain else "unconfirmed" for claimed in claim.ids]
+    pinned = {(claimed.noun, claimed.value) for claimed in claim.ids if _pins_rows(sql, claimed)}
+    direction = _direction(sql)
+    ids_where = _ids_where(claim, sql)
+    matched = states.count("matched")
+    mismatched = states.count("mismatched")
+    unconfirmed = states.count("unconfirmed")
+    rows_pinned = len(pinned)
+    return DbFacts(sql, direction, delta, affected, reached, counts, ids_where, matched, mismatched, unconfirmed,
+                   rows_pinned)
+
+
+# The checks: each a reason code's rule over (DbClaim, DbFacts).
+_DELTA_SIGNS = {"delete": -1, "insert": 1, "update": 0, "read": 0}  # the sign of the row delta each action needs
+
+
+def _delta_fits(claim, facts):
+    """Whether the sign of the row delta is the one the claimed action needs (None when either is unknown)."""
+    if not claim.action or facts.delta is None:
+        return None
+    sign = (facts.delta > 0) - (facts.delta < 0)
+    return sign == _DELTA_SIGNS[claim.action]
+
+
+def sql_kind_matches(claim, facts):
+    """The SQL statement's kind (DELETE, TRUNCATE: delete; INSERT; UPDATE; SELECT: read) is the claimed action."""
+    return claim.action and facts.kind == claim.action
+
+
+def sql_kind_conflicts(claim, facts):
+    """A write is claimed but the SQL statement is a SELECT."""
+    return claim.writes and facts.kind == "read"
+
+
+def sql_kind_differs(claim, facts):
+    """The SQL statement's kind differs from the claimed action (other than a write claimed against a SELECT)."""
+    differs = claim.action and facts.kind and facts.kind != claim.action
+    return differs and not sql_kind_conflicts(claim, facts)
+
+
+def several_statements(claim, facts):
+    """The operation holds more than one statement; only the first is judged, and it confirms no id."""
+    return facts.sql.statements > 1
+
+
+def row_delta_fits(claim, facts):
+    """The sign of after_count - before_count fits the claimed action (delete: fewer, insert: more, update and
+    read: the same)."""
+    return _delta_fits(claim, facts) is True
+
+
+def row_delta_differs(claim, facts):
+    """The sign of after_count - before_count does not fit the claimed action."""
+    return _delta_fits(claim, facts) is False
+
+
+def affected_rows_zero(claim, facts):
+    """A write is claimed but affected_rows is 0."""
+    return claim.writes and facts.affected == 0
+
+
+def _affected_and_delta(claim, facts):
+    """Whether a write is claimed and both affected_rows (not 0) and the row delta are known."""
+    return claim.writes and facts.affected and facts.delta is not None
+
+
+def affected_rows_consistent(claim, facts):
+    """affected_rows (not 0) fits the row delta: equal to its size, or for an update, with a delta of 0."""
+    if not _affected_and_delta(claim, facts):
+        return False
+    if claim.action == "update":
+        return facts.delta == 0
+    return facts.affected == abs(facts.delta)
+
+
+def affected_rows_differ(claim, facts):
+    """affected_rows (not 0) differs from the size of the row delta (a write other than an update claimed)."""
+    known = _affected_and_delta(claim, facts) and claim.action != "update"
+    return known and facts.affected != abs(facts.delta)
+
+
+def count_meets_rows(claim, facts):
+    """The count in the claim ('deleted 10 rows') is affected_rows or the size of the row delta."""
+    return claim.count is not None and claim.count in facts.counts
+
+
+def count_differs(claim, facts):
+    """The count in the claim differs from affected_rows and from the size of the row delta."""
+    return claim.count is not None and facts.counts and claim.count not in facts.counts
+
+
+def rows_exceed_ids(claim, facts):
+    """The claim names N ids of the rows it wrote (user 42; ids 7 and 9) but affected_rows or the size of the row
+    delta is larger than N: the operation reached rows the claim does not name."""
+    return facts.rows_pinned and facts.reached > facts.rows_pinned
+
+
+def where_not_plain(claim, facts):
+    """The claim names ids, but the WHERE clause is not a conjunction (AND) of simple predicates (column = literal,
+    IN, IS NULL, BETWEEN, comparisons): OR, NOT, XOR, ||, chained comparisons, LIKE, functions, arithmetic,
+    subqueries or a comment leave the ids unconfirmed, and no write that names them is verified."""
+    return facts.ids_where == "not plain"
+
+
+def ids_match_where(claim, facts):
+    """Every id the claim names (id=N, id N, #N, user N) is pinned by the one statement's plain WHERE under its noun:
+    order 42 by id = 42 in the orders table, or by order_id = 42."""
+    plain = facts.ids_where == "plain" and facts.sql.statements == 1
+    return plain and facts.matched == len(claim.ids)
+
+
+def ids_mismatch_where(claim, facts):
+    """An id the claim names is contradicted by the plain WHERE: its column pins another value or excludes it, or
+    its value is pinned for another noun (order 42 against customer_id = 42)."""
+    return facts.mismatched
+
+
+def ids_unchecked(claim, facts):
+    """The claim names ids that the SQL does not confirm (no WHERE, a WHERE that does not pin them, an INSERT whose
+    values are not compared, several statements), and none that it contradicts."""
+    confirmed = ids_match_where(claim, facts) or facts.mismatched
+    return claim.ids and not confirmed and facts.ids_where != "not plain"
+
+
+DB_OP_CHECKS = (
+    (claim_has_conflicting_verbs, "conflicting_verbs", NEGATIVE),
+    (claim_is_negated, "claim_negated", NEGATIVE),
+    (sql_kind_matches, "sql_kind_matches", POSITIVE),
+    (sql_kind_differs, "sql_kind_mismatch", NEGATIVE),
+    (sql_kind_conflicts, "sql_kind_conflicts", CRITICAL),
+    (several_statements, "sql_multiple_statements", NEGATIVE),
+    (row_delta_fits, "row_delta_matches", POSITIVE),
+    (row_delta_differs, "row_delta_mismatch", NEGATIVE),
+    (affected_rows_zero, "affected_rows_zero", NEGATIVE),
+    (affected_rows_consistent, "affected_rows_consistent", POSITIVE),
+    (affected_rows_differ, "affected_rows_mismatch", NEGATIVE),
+    (count_meets_rows, "count_matches", POSITIVE),
+    (count_differs, "count_mismatch", CRITICAL),
+    (rows_exceed_ids, "affected_rows_exceed_claim", CRITICAL),
+    (where_not_plain, "where_not_plain", NEGATIVE),
+    (ids_match_where, "sql_identifier_matches", POSITIVE),
+    (ids_mismatch_where, "sql_identifier_mismatch", CRITICAL),
+    (ids_unchecked, "sql_identifier_unchecked", NEGATIVE),
+)
+
+
+def _db_op_details(claimed, facts):
+    """details of a db_op judgement: the claimed action and count, the SQL statement's kind, WHERE shape and pinned
+    ids, the row delta and affected_rows."""
+    sql = facts.sql
+    equal = {value for _, value, op in sql.pins if op == "="}
+    pinned = sorted(equal)[:50]
+    where = sql.where if sql.where != "not plain" else "not plain: " + sql.why
+    details = {
+        "claimed_action": claimed.action,
+        "sql_kind": sql.kind,
+        "row_delta": facts.delta,
+        "affected_rows": facts.affected,
+        "sql_identifiers": pinned,
+        "where": where,
+        "claimed_count": claimed.count,
+    }
+    return details
 
 
 def judge_db_op(claim, ev, ev_json=None):
     """{before_count, after_count, operation, affected_rows}: the claimed action against the SQL statement's kind,
-    the sign of the row delta and affected_rows; claimed ids against the ids the WHERE clause compares."""
-    low = [t.lower() for t in _tokens(claim)]
-    classes, negated = _verb_classes(low, _DB_VERBS)
-    writes = classes - {"read"}
-    before, after, affected, operation = (
-        ev.get(k) for k in ("before_count", "after_count", "affected_rows", "operation")
-    )
-    delta = after - before if before is not None and after is not None else None
-    sql_kind, sql_ids, broad, several = sql_facts(operation) if operation is not None else (None, set(), False, False)
-    claimed = next(iter(writes)) if len(writes) == 1 else "read" if classes == {"read"} else None
-    count = _claim_count(low, _DB_VERBS)
-    details = {
-        "claimed_action": claimed,
-        "sql_kind": sql_kind,
-        "row_delta": delta,
-        "affected_rows": affected,
-        "sql_identifiers": sorted(sql_ids)[:50],
-        "claimed_count": count,
-    }
-    if len(writes) > 1:
-        return ["conflicting_verbs"], details
-    # the sign of the row delta each action needs
-    fits = (
-        {"delete": delta < 0, "insert": delta > 0, "update": delta == 0, "read": delta == 0}
-        if delta is not None
-        else {}
-    )
-    known = {affected, abs(delta) if delta is not None and claimed != "update" else None} - {None}  # counts to meet
-    ids = {n for _, n in _claim_ids(low)}
-    codes = [
-        "claim_negated" if negated else None,
-        # the SQL statement's kind (MERGE, UPSERT, REPLACE give no direction)
-        None if not claimed or not sql_kind or sql_kind == "merge"
-        else "sql_kind_matches" if sql_kind == claimed
-        else "sql_kind_conflicts" if sql_kind == "read" else "sql_kind_mismatch",
-        "sql_multiple_statements" if several else None,
-        None if not claimed or delta is None else "row_delta_matches" if fits[claimed] else "row_delta_mismatch",
-        # affected_rows against the claimed write; consistency needs the row delta too (an update moves none)
-        "affected_rows_zero" if writes and affected == 0
-        else ("affected_rows_consistent" if affected == abs(delta) else "affected_rows_mismatch")
-        if writes and affected is not None and delta is not None and claimed != "update"
-        else "affected_rows_consistent" if claimed == "update" and affected is not None and delta == 0 else None,
-        # the count in the claim ('deleted 10 rows') against affected_rows and the size of the row delta
-        None if count is None or not known else "count_matches" if count in known else "count_mismatch",
-        None if not ids
-        else "sql_identifier_mismatch" if sql_ids and not ids <= sql_ids
-        else "sql_identifier_unchecked" if broad or not sql_ids else "sql_identifier_matches",
-    ]
-    return [c for c in codes if c], details
+    the sign of the row delta and affected_rows; claimed ids against the ids a plain WHERE clause pins."""
+    claimed = db_op_claim(claim)
+    facts = db_op_facts(ev, claimed)
+    return run_checks(CHECKS["db_op"], claimed, facts), _db_op_details(claimed, facts)
 
 
 # ---- §3.4 file_op ------------------------------------------------------------------------------------------
 
+_FILE_STATES = {  # (exists_before, exists_after) each file_op verb needs; None: either
+    "create": (False, True),
+    "write": (None, True),
+    "delete": (True, False),
+    "modify": (True, True),
+    "rename": (True, True),
+}
+# bytes a size unit means
+_SIZE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1000, "kib": 1024, "mb": 1000000, "mib": 1048576,
+               "gb": 1000000000, "gib": 1073741824}
+_CHANGE_VERBS = (None, "write", "rename")  # a quantity after any other file verb is a change: 'removed 3 lines'
 
-def _quantities(low):
-    # [(token index, 'lines' or 'bytes', value)]: '120 lines', '1.5 MB', '12KiB', '1,000 bytes'.
-    out = []
-    for i, t in enumerate(low):
-        j = len(t) - len(t.lstrip("0123456789.,")) if len(t) <= 32 else 0  # the length of a leading number
-        n, unit = _number(t[:j]) if j else None, t[j:] or (low[i + 1] if i + 1 < len(low) else "")
-        if n is not None and unit in ("line", "lines") and isinstance(n, int):
-            out.append((i, "lines", n))
-        elif n is not None and unit in _SIZE_UNITS:
-            out.append((i, "bytes", n * _SIZE_UNITS[unit]))
-    return out
+
+def _leading_number(token):
+    """(the number a token starts with, the rest of it): ('12', 'KiB') for '12KiB'; ('', token) when none."""
+    if len(token) > 32:
+        return "", token
+    rest = token.lstrip("0123456789.,")
+    return token[: len(token) - len(rest)], rest
 
 
-def _file_path_code(toks, verb, path, new):
-    # (code, claimed paths): every path the claim names must be path or new_path, and a rename names path (the old name)
-    # first.
+def _quantity(low, i):
+    """('lines' or 'bytes', value) of a quantity at token i ('120 lines', '1.5 MB', '12KiB', '1,000 bytes'), else
+    None."""
+    digits, unit = _leading_number(low[i])
+    number = _number(digits) if digits else None
+    unit = unit or _at(low, i + 1)
+    if number is None:
+        return None
+    if unit in ("line", "lines") and isinstance(number, int):
+        return "lines", number
+    if unit in _SIZE_UNITS:
+        return "bytes", number * _SIZE_UNITS[unit]
+    return None
 
-    known = lambda c: _suffix_of(c, path) or bool(new and _suffix_of(c, new))
-    claimed = [c for c in (t[2:] if t.startswith("./") else t for t in toks) if _pathish(c) or known(c)]
-    unknown = [c for c in claimed if not known(c)]
-    if verb == "rename" and not new and len(unknown) == 1 < len(claimed):
+
+class FileClaim(collections.namedtuple("FileClaim", "action conflicting negated tokens lines sizes")):
+    """A file_op claim: action (create, write, delete, rename, modify; None), conflicting (two actions), negated,
+    tokens (its tokens, for its paths), lines and sizes (the totals it states, in lines and bytes; a quantity after
+    a verb, 'removed 3 lines', is a change, not a total)."""
+
+    __slots__ = ()
+
+
+def _file_classes(low, edits):
+    """The Actions of a file_op claim, each verb before a quantity (edits: their positions) read as modify; a write
+    beside another action is part of it ('created x and wrote 3 lines')."""
+    verbs = ["modify" if i in edits else word for i, word in enumerate(low)]
+    actions = _actions(verbs, _FILE_VERBS)
+    if len(actions.classes) > 1:
+        return actions._replace(classes=actions.classes - {"write"})
+    return actions
+
+
+def _edits(low, quantities):
+    """The positions of the verbs that stand right before a quantity and change content ('removed 3 lines')."""
+    edits = set()
+    for i, _ in quantities:
+        verb = _FILE_VERBS.get(low[i - 1]) if i else None
+        if verb not in _CHANGE_VERBS:
+            edits.add(i - 1)
+    return edits
+
+
+def file_op_claim(claim):
+    """The FileClaim of a claim."""
+    toks, low = _words(claim)
+    quantities = [(i, _quantity(low, i)) for i in range(len(low))]
+    quantities = [(i, found) for i, found in quantities if found]
+    edits = _edits(low, quantities)
+    actions = _file_classes(low, edits)
+    classes = actions.classes
+    action = next(iter(classes)) if len(classes) == 1 else None
+    totals = [found for i, found in quantities if i - 1 not in edits]
+    lines = [value for unit, value in totals if unit == "lines"]
+    sizes = [value for unit, value in totals if unit == "bytes"]
+    return FileClaim(action, len(classes) > 1, actions.negated, toks, lines, sizes)
+
+
+class FileFacts(collections.namedtuple("FileFacts", "paths path_state new_path_missing end_ok start_ok "
+                                                    "lines_off line_count size_off")):
+    """What file_op evidence says about a claim. paths: the claimed paths (those that look like paths or are path or
+    new_path); path_state: 'matches', 'mismatch' or 'not_named'; new_path_missing: a rename without new_path;
+    end_ok, start_ok: exists_after and exists_before are what the claimed action needs (None: no action to judge);
+    lines_off: |claimed lines - line_count| (None unless both); size_off: |claimed size - size_bytes| / size_bytes
+    (None unless both)."""
+
+    __slots__ = ()
+
+
+def _names_file(name, path, new):
+    """Whether a claimed name is path or new_path (a whole-component suffix of either)."""
+    return _suffix_of(name, path) or bool(new) and _suffix_of(name, new)
+
+
+def _path_state(claimed, action, path, new):
+    """'matches', 'mismatch' or 'not_named': every claimed path must be path or new_path (a whole-component suffix),
+    and a rename names path (the old name) first."""
+    unknown = [c for c in claimed if not _names_file(c, path, new)]
+    if action == "rename" and not new and len(unknown) == 1 < len(claimed):
         unknown = []  # the destination, which the evidence does not give (new_path_missing says so)
     order = [not _suffix_of(c, path) for c in claimed]
-    if verb == "rename" and new and order != sorted(order):
+    if action == "rename" and new and order != sorted(order):
         unknown = claimed
-    return "path_mismatch" if unknown else "path_matches" if claimed else "path_not_named", claimed
+    if unknown:
+        return "mismatch"
+    return "matches" if claimed else "not_named"
+
+
+def _relative_size(claimed, size):
+    """How far a claimed size is from size_bytes, as a fraction of it (claimed 0 of 0: 0.0; anything else of 0: 1.0)."""
+    if not size:
+        return float(claimed != 0)
+    return abs(claimed - size) / size
+
+
+def _first_off(claimed, actual, measure):
+    """measure(the first claimed total, the evidence's), or None unless both are there."""
+    if not claimed or actual is None:
+        return None
+    return measure(claimed[0], actual)
+
+
+def _line_distance(claimed, actual):
+    """How many lines a claimed line count is off."""
+    return abs(claimed - actual)
+
+
+def _existence(ev, action):
+    """(end_ok, start_ok): whether exists_after and exists_before are what the action needs; (None, None) with no
+    action to judge (none, or a rename without new_path). For a rename they describe path, then new_path."""
+    if action is None or action == "rename" and not ev.get("new_path"):
+        return None, None
+    want_before, want_after = _FILE_STATES[action]
+    start_ok = want_before is None or ev["exists_before"] == want_before
+    return ev["exists_after"] == want_after, start_ok
+
+
+def file_op_facts(ev, claim):
+    """The FileFacts of file_op evidence for a claim."""
+    path = ev["path"]
+    new = ev.get("new_path")
+    names = map(_unprefixed, claim.tokens)
+    claimed = [name for name in names if _pathish(name) or _names_file(name, path, new)]
+    end_ok, start_ok = _existence(ev, claim.action)
+    line_count = ev.get("line_count")
+    lines_off = _first_off(claim.lines, line_count, _line_distance)
+    size_off = _first_off(claim.sizes, ev.get("size_bytes"), _relative_size)
+    state = _path_state(claimed, claim.action, path, new)
+    new_path_missing = claim.action == "rename" and not new
+    return FileFacts(claimed, state, new_path_missing, end_ok, start_ok, lines_off, line_count, size_off)
+
+
+# The checks: each a reason code's rule over (FileClaim, FileFacts).
+
+
+def paths_match(claim, facts):
+    """Every path the claim names is path or new_path (a whole-component suffix: report.txt matches /tmp/report.txt)."""
+    return facts.path_state == "matches"
+
+
+def path_differs(claim, facts):
+    """A path the claim names is neither path nor new_path, or a rename names them the other way round."""
+    return facts.path_state == "mismatch"
+
+
+def no_path_named(claim, facts):
+    """The claim names no file that is path or new_path: the target is unconfirmed."""
+    return facts.path_state == "not_named"
+
+
+def rename_without_new_path(claim, facts):
+    """A rename or move is claimed but the evidence has no new_path."""
+    return facts.new_path_missing
+
+
+def existence_fits(claim, facts):
+    """exists_before and exists_after are what the claimed action needs (create: absent then present; delete:
+    present then absent; write: present after; modify, rename: present both times)."""
+    return facts.end_ok and facts.start_ok
+
+
+def start_state_differs(claim, facts):
+    """exists_after fits the claimed action but exists_before does not."""
+    return facts.end_ok and facts.start_ok is False
+
+
+def end_state_differs(claim, facts):
+    """exists_after contradicts the claimed action."""
+    return facts.end_ok is False
+
+
+def _lines_far(facts):
+    """Whether the stated line count is off by more than 50 lines or more than 10% of line_count."""
+    off = facts.lines_off
+    return off > 50 or off > 0.1 * facts.line_count
+
+
+def line_count_equal(claim, facts):
+    """The line count the claim states equals line_count."""
+    return facts.lines_off == 0
+
+
+def line_count_near(claim, facts):
+    """The stated line count differs from line_count by at most 10% and at most 50 lines."""
+    return bool(facts.lines_off) and not _lines_far(facts)
+
+
+def line_count_far(claim, facts):
+    """The stated line count is off by more than 10% or more than 50 lines."""
+    return facts.lines_off is not None and _lines_far(facts)
+
+
+def size_within(claim, facts):
+    """The stated size (B, KB and MB: powers of 1000; KiB, MiB: of 1024) is within 1% of size_bytes."""
+    return facts.size_off is not None and facts.size_off <= 0.01
+
+
+def size_near(claim, facts):
+    """The stated size is off by more than 1% and at most 50%."""
+    return facts.size_off is not None and 0.01 < facts.size_off <= 0.5
+
+
+def size_far(claim, facts):
+    """The stated size is off by more than 50%."""
+    return facts.size_off is not None and facts.size_off > 0.5
+
+
+FILE_OP_CHECKS = (
+    (claim_has_conflicting_verbs, "conflicting_verbs", NEGATIVE),
+    (claim_is_negated, "claim_negated", NEGATIVE),
+    (paths_match, "path_matches", POSITIVE),
+    (path_differs, "path_mismatch", CRITICAL),
+    (no_path_named, "path_not_named", NEGATIVE),
+    (rename_without_new_path, "new_path_missing", NEGATIVE),
+    (existence_fits, "existence_matches", POSITIVE),
+    (start_state_differs, "start_state_mismatch", NEGATIVE),
+    (end_state_differs, "end_state_mismatch", CRITICAL),
+    (line_count_equal, "line_count_matches", POSITIVE),
+    (line_count_near, "line_count_off", NEGATIVE),
+    (line_count_far, "line_count_mismatch", CRITICAL),
+    (size_within, "size_matches", POSITIVE),
+    (size_near, "size_off", NEGATIVE),
+    (size_far, "size_mismatch", CRITICAL),
+)
 
 
 def judge_file_op(claim, ev, ev_json=None):
     """{path, exists_before, exists_after, line_count?, size_bytes?, new_path?}: verb vs existence, named paths vs
     path and new_path, stated totals vs line_count and size_bytes."""
-    (toks, low), path, new = _words(claim), ev["path"], ev.get("new_path")
-    quantities = _quantities(low)
-    # 'Removed 3 lines', 'appended 2 KB': a verb before a quantity changes content (modify), and its number is a
-    # change, not a total
-    edits = {i - 1 for i, _, _ in quantities if i and _FILE_VERBS.get(low[i - 1]) not in (None, "write", "rename")}
-    classes, negated = _verb_classes(["modify" if i in edits else w for i, w in enumerate(low)], _FILE_VERBS)
-    classes -= {"write"} if len(classes) > 1 else set()  # 'created x and wrote 3 lines' is one action
-    verb = next(iter(classes)) if len(classes) == 1 else None
-    details = {"claimed_action": verb, "path": path, "new_path": new}
-    if len(classes) > 1:
-        return ["conflicting_verbs"], details
-    path_code, claimed = _file_path_code(toks, verb, path, new)
-    lines, sizes = ([v for i, u, v in quantities if u == unit and i - 1 not in edits] for unit in ("lines", "bytes"))
-    want_before, want_after = _FILE_STATES.get(verb, (None, None))  # for a rename they describe path, new_path
-    line_count, size_bytes = ev.get("line_count"), ev.get("size_bytes")
-    off = abs(lines[0] - line_count) if lines and line_count is not None else None
-    relative = abs(sizes[0] - size_bytes) / (size_bytes or 1) if sizes and size_bytes is not None else None
-    relative = float(sizes[0] != 0) if relative is not None and not size_bytes else relative
-    codes = [
-        "claim_negated" if negated else None,
-        path_code,
-        # exists_before and exists_after against what the verb needs
-        "new_path_missing" if verb == "rename" and not new
-        else None if not verb
-        else "end_state_mismatch" if ev["exists_after"] != want_after
-        else "start_state_mismatch" if want_before is not None and ev["exists_before"] != want_before
-        else "existence_matches",
-        # stated totals. Lines: equal is positive, off by more than 10% or 50 lines critical, in between negative
-        None if off is None
-        else "line_count_matches" if off == 0
-        else "line_count_mismatch" if off > 50 or off > 0.1 * line_count else "line_count_off",
-        # sizes: within 1% positive, off by more than 50% critical, in between negative
-        None if relative is None
-        else "size_matches" if relative <= 0.01 else "size_mismatch" if relative > 0.5 else "size_off",
-    ]
-    details.update(claimed_paths=claimed[:50], claimed_lines=lines[:1], claimed_bytes=sizes[:1])
-    return [c for c in codes if c], details
+    claimed = file_op_claim(claim)
+    facts = file_op_facts(ev, claimed)
+    paths = facts.paths[:50]
+    lines = claimed.lines[:1]
+    sizes = claimed.sizes[:1]
+    path = ev["path"]
+    new = ev.get("new_path")
+    details = {
+        "claimed_action": claimed.action,
+        "path": path,
+        "new_path": new,
+        "claimed_paths": paths,
+        "claimed_lines": lines,
+        "claimed_bytes": sizes,
+    }
+    return run_checks(CHECKS["file_op"], claimed, facts), details
 
 
 # ---- §3.5 api_call -----------------------------------------------------------------------------------------
 
-# target fields; a path's segment and the next, when that is a number (paths one a line). A segment is tried only
-# where one starts: tried inside one too, a segment with no '/' after it took time quadratic in its length (a 32 KB
-# path: 9.5 s), and such a try never matches where the try at its start did not.
-_URL_KEYS, _EMAIL_KEYS, _PATH_ID, _ID_NUMBER = (
-    {"url", "uri", "endpoint", "href"},
-    {"to", "recipient", "recipients", "email", "cc"},
-    re.compile(r"(?<![^/\n])([^/\n]*)/(?=([0-9]{1,18})(?:[/\n]|\Z))"),
-    re.compile(r"[0-9]{1,18}"),
+_URL_KEYS = frozenset(["url", "uri", "endpoint", "href"])  # request fields that hold the target URL
+_EMAIL_KEYS = frozenset(["to", "recipient", "recipients", "email", "cc"])  # request fields that hold recipients
+# (key, value text) of every member, at any depth, valued a scalar or a flat list in json.dumps text: one C pass
+_MEMBER = re.compile(r'(?<!\\)"([^"\\]{1,64})": ("[^"\\]*(?:\\.[^"\\]*)*"|\[[^\[\]{}]*\]|[^,{}\[\]"]*)')
+# A path's segment and the next, when that is a number (paths one a line). A segment is tried only where one starts:
+# tried inside one too, a segment with no '/' after it took time quadratic in its length.
+_PATH_ID = re.compile(r"(?<![^/\n])([^/\n]*)/(?=([0-9]{1,18})(?:[/\n]|\Z))")
+# A text body's words: runs of [a-z0-9_'] in its lower-case text, and each sentence end (. ! ? ; or a line break) as
+# a word '.'. Its UTF-8 bytes are translated by a table (word bytes kept, ends to '.', any other to a space) and split.
+_BODY_WORD_BYTES = b"abcdefghijklmnopqrstuvwxyz0123456789_'"
+_BODY_END_BYTES = b".!?;\n"
+
+
+def _body_byte(byte):
+    """What a byte of a text body's lower-case UTF-8 is translated to: itself in a word, '.' at a sentence's end,
+    else a space."""
+    if byte in _BODY_WORD_BYTES:
+        return byte
+    if byte in _BODY_END_BYTES:
+        return ord(".")
+    return ord(" ")
+
+
+_BODY_BYTES = bytes(map(_body_byte, range(256)))
+# The words by what they say (spec section 10): S a success word, F a failure word, N a negation, Z a 'no' (no,
+# none, without...), 0 the number zero, '.' a sentence's end, w any other word.
+_BODY_SUCCESS = _STATUS_OK | {"posted", "successfully"}
+_BODY_FAILURE = _STATUS_FAIL | _word_set("errors errored failing fails refused exceeded declined unable undeliverable "
+                                         "unsuccessful timeout")
+_BODY_NEGATION = _word_set("not never cannot can't couldn't didn't doesn't don't isn't wasn't weren't won't wouldn't "
+                           "hasn't haven't hadn't shouldn't aren't neither nor")
+_BODY_NO = _word_set("no none nothing without zero")
+_BODY_WORDS = {"S": _BODY_SUCCESS, "F": _BODY_FAILURE, "N": _BODY_NEGATION, "Z": _BODY_NO, "0": {"0"},
+               ".": {"."}}  # class -> its words
+_BODY_CLASSES = {word: cls for cls, words in _BODY_WORDS.items() for word in words}
+_NO_FAILURE = re.compile(r"[Z0]F|F0")  # 'no errors', '0 failed', 'failed: 0' report no failure
+_GOVERNED_SUCCESS = re.compile(r"[NZ][^.]{0,2}S")  # a success word within three words after a negation, in a sentence
+# In a JSON body's compact text, in lower case, at any depth: a status, state, result, outcome or conclusion valued
+# a failure word; ok or success false; an error that is not null, false, "", 0, [] or {}, or errors that are not
+# empty; a status code of 400-599. And the marks of success.
+_OUTCOME_KEYS = '"(?:status|state|result|outcome|conclusion)":'
+_FAILED = "|".join(sorted(_STATUS_FAIL | {"refused", "declined", "errored", "timeout"}))
+_SUCCEEDED = "|".join(sorted(_STATUS_OK))
+_JSON_FAILURE = re.compile(
+    _OUTCOME_KEYS + '"(?:%s)"' % _FAILED
+    + r'|"(?:ok|success)":false|"errors?":(?!null|false|""|0[,}\]]|\[\]|\{\})'
+    + r'|"(?:status|status_code|statuscode)":[45][0-9][0-9][,}\]]'
 )
+_JSON_SUCCESS = re.compile(_OUTCOME_KEYS + '"(?:%s)"|"(?:ok|success)":true' % _SUCCEEDED)
 
 
-# 'success' or 'failure' when exactly one side has a vote, else None
-_outcome = lambda ok, fail: "success" if ok and not fail else "failure" if fail and not ok else None
+def _body_words(text):
+    """The words of a text body (see _BODY_BYTES), a typographic apostrophe read as '."""
+    low = text.lower().replace("\u2019", "'").encode("utf-8", "surrogatepass")
+    spaced = low.translate(_BODY_BYTES).replace(b".", b" . ")
+    return spaced.decode("ascii").split()
+
+
+def _text_outcome(text):
+    """'failure', 'success' or None for a text body: a failure word (failed, error, rejected, bounced, refused,
+    denied, quota exceeded...) unless a 'no' or 0 stands beside it, or a success word that a negation governs in its
+    sentence (not, never, no, could not, cannot, unable to, n't ... within three words before it), is a failure;
+    else a success word is a success."""
+    words = _body_words(text)
+    classes = "".join(map(_BODY_CLASSES.get, words, itertools.repeat("w")))
+    classes = _NO_FAILURE.sub("ww", classes)
+    if "F" in classes or _GOVERNED_SUCCESS.search(classes):
+        return "failure"
+    return "success" if "S" in classes else None
+
+
+def _json_outcome(value):
+    """'failure', 'success' or None for a JSON body (an object or a list), read at every depth: any failure mark
+    (_JSON_FAILURE) is a failure; else any success mark is a success."""
+    text = _json_text(value).lower()
+    if _JSON_FAILURE.search(text):
+        return "failure"
+    return "success" if _JSON_SUCCESS.search(text) else None
 
 
 def _body_outcome(body):
-    # 'success', 'failure' or None: judged structurally for JSON (an object, or a string holding one) and by whole words
-    # for other text.
+    """'success', 'failure' or None: judged structurally for JSON (an object or a list, or a string holding one) and
+    word by word for other text."""
     if isinstance(body, str):
         try:  # its structure is all that is read, so json.loads (strict_loads would also canonicalise it)
             body = json.loads(body)
         except (ValueError, RecursionError):
-            low = body.lower()
-            return _outcome(_STATUS_OK_WORD.search(low), _STATUS_FAIL_WORD.search(low))
-    if not isinstance(body, dict):
-        return None
-    votes = {("success" if body[k] else "failure") for k in ("ok", "success") if isinstance(body.get(k), bool)}
-    status = body.get("status").strip().lower() if isinstance(body.get("status"), str) else ""
-    votes |= {"success"} if status in _STATUS_OK else {"failure"} if status in _STATUS_FAIL else set()
-    errors = isinstance(body.get("errors"), (list, dict)) and body["errors"]  # a non-empty errors, or an error
-    votes |= {"failure"} if body.get("error") not in (None, False) or errors else set()
-    return votes.pop() if len(votes) == 1 else None
+            return _text_outcome(body)
+    if isinstance(body, str):
+        return _text_outcome(body)
+    if isinstance(body, (dict, list)):
+        return _json_outcome(body)
+    return None
+
+
+def _path_rows(urls):
+    """The id rows ('customers_id', '78') that URLs' paths name (/customers/78), all the paths at once. Lower-cased
+    once joined: a line break, like '/', ends a word as the path's end does, so each segment comes out as str.lower
+    gives it alone (even a final sigma)."""
+    paths = "\n".join(_column(urls, 1))
+    pairs = _PATH_ID.findall(paths.lower())
+    names = map(operator.add, _column(pairs, 0), itertools.repeat("_id"))
+    return set(zip(names, _column(pairs, 1)))
+
+
+def _member_texts(request):
+    """(keys in lower case, values as text, keys as written) of every member of a request object, at any depth."""
+    members = _MEMBER.findall(json.dumps(request, ensure_ascii=False))
+    keys = list(_column(members, 0))
+    texts = list(map(str.strip, _column(members, 1), itertools.repeat('"')))
+    return list(map(str.lower, keys)), texts, keys
+
+
+def _member_rows(lows, texts, keys):
+    """The id rows of id-like members valued a number ('id', 'user_id', 'userId': 'NAME_id N')."""
+    numbered = itertools.compress(zip(keys, lows, texts), map(_ID_NUMBER.fullmatch, texts))
+    rows = set()
+    for key, low, text in numbered:
+        if low == "id" or low.endswith("_id") or key.endswith("Id"):
+            name = low[:-2].rstrip("_") + "_id"
+            rows.add((name, str(int(text))))
+    return rows
+
+
+def _values_of(texts, keys, fields):
+    """The texts of the members whose keys are among fields, joined by spaces."""
+    chosen = map(fields.__contains__, keys)
+    return " ".join(itertools.compress(texts, chosen))
 
 
 def _request_targets(request, wanted):
-    # (emails, URLs as {(host, path)}, id rows as for _id_rows) in the request's target fields: emails in to,
-    # recipient...; URLs in url, uri...; ids in id-like keys and in those URLs' paths. A string request is all target.
-    # Only the kinds the claim names (wanted: its emails, URLs, ids) are looked for, and each by C passes over the
-    # whole request (a request can hold 70,000 URLs or 100,000 tokens).
+    """(emails, URLs as {(host, path)}, id rows as _id_rows gives them) in the request's target fields: emails in
+    to, recipient...; URLs in url, uri...; ids in id-like keys and in those URLs' paths. A string request is all
+    target. Only the kinds the claim names (wanted: its emails, URLs, ids) are looked for, each by C passes over the
+    whole request (a request can hold 70,000 URLs or 100,000 tokens)."""
     want_emails, want_urls, want_ids = map(bool, wanted)
     if isinstance(request, str):
         emails_text = urls_text = request
         rows = _id_rows(_tokens(request)) if want_ids else set()
     else:
-        members = _MEMBER.findall(json.dumps(request, ensure_ascii=False))
-        keys, texts = (
-            list(map(str.lower, map(_FIRST, members))),
-            list(map(str.strip, map(_SECOND, members), itertools.repeat('"'))),
-        )
-        # the values of the email fields ('Eve <eve@x.com>') and of the URL fields, joined by spaces (which no email
-        # or URL spans)
-        emails_text, urls_text = (
-            " ".join(itertools.compress(texts, map(fields.__contains__, keys))) for fields in (_EMAIL_KEYS, _URL_KEYS)
-        )
-        # an id-like key ('id', 'user_id', 'userId') valued a number: the row of 'NAME_id N'
-        numbered = itertools.compress(zip(map(_FIRST, members), keys, texts), map(_ID_NUMBER.fullmatch, texts))
-        rows = {
-            (low[:-2].rstrip("_") + "_id", str(int(text)))
-            for key, low, text in numbered
-            if low == "id" or low.endswith("_id") or key.endswith("Id")
-        }
+        lows, texts, keys = _member_texts(request)
+        # the values of the email and URL fields ('Eve <eve@x.com>'), joined by spaces, which no email or URL spans
+        emails_text = _values_of(texts, lows, _EMAIL_KEYS)
+        urls_text = _values_of(texts, lows, _URL_KEYS)
+        rows = _member_rows(lows, texts, keys)
     urls = _urls_in(urls_text) if want_urls or want_ids else set()
-    if want_ids:  # in those URLs' paths, /customers/78: the row ('customers_id', '78'), all the paths at once
-        # lower-cased once joined: a line break, like '/', ends a word as the path's end does, so each segment comes
-        # out as str.lower gives it alone (even a final sigma)
-        pairs = _PATH_ID.findall("\n".join(map(_SECOND, urls)).lower())
-        rows |= set(zip(map(operator.add, map(_FIRST, pairs), itertools.repeat("_id")), map(_SECOND, pairs)))
-    return _emails_in(emails_text) if want_emails else set(), urls, rows
+    if want_ids:
+        rows |= _path_rows(urls)
+    emails = _emails_in(emails_text) if want_emails else set()
+    return emails, urls, rows
 
 
 def _id_names(noun):
-    # The names of the id rows whose noun is noun: each stem whose singular it is, alone and before _id ('customer':
-    # customer, customers, customer_id, customers_id); '' for the noun ''. Claimed ids meet a request's by look-ups.
-    stems = {stem for stem in (noun, noun + "s", noun[:-1] + "ies") if _singular(stem) == noun}
-    return {name for stem in stems for name in (stem, stem + "_id")} | ({"id"} if not noun else set())
+    """The names of the id rows whose noun is noun: each stem whose singular it is, alone and before _id ('customer':
+    customer, customers, customer_id, customers_id); '' and id for the noun ''."""
+    plurals = (noun, noun + "s", noun[:-1] + "ies")
+    stems = {stem for stem in plurals if _singular(stem) == noun}
+    names = {name for stem in stems for name in (stem, stem + "_id")}
+    if not noun:
+        names.add("id")
+    return names
 
 
-def _target_code(wanted, targets):
-    # The emails, URLs and ids the claim names (wanted) against the request's targets; the worst result is the code.
-    (claimed_emails, claimed_urls, claimed_ids), (emails, urls, rows) = wanted, targets
-    code = lambda hit, others: "target_matches" if hit else "target_mismatch" if others else "target_not_in_request"
-    results = {code(e in emails, emails) for e in claimed_emails}
-    # the request's hosts, id names and id numbers, each only when a claimed target needs it (they can be 100,000)
-    nouns = set(map(_FIRST, claimed_ids))
-    hosts, names, numbers = (
-        set(map(_FIRST, urls)) if not all(map(_SECOND, claimed_urls)) else set(),  # for a claimed bare host
-        set(map(_FIRST, rows)) if nouns - {""} else set(),
-        set(map(_SECOND, rows)) if "" in nouns else set(),
-    )
-    results |= {code((h, p) in urls or not p and h in hosts, urls) for h, p in claimed_urls}
-    for noun, n in claimed_ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
+class ApiClaim(collections.namedtuple("ApiClaim", "intent emails urls ids")):
+    """An api_call claim: intent ('success', 'failure' or None: the outcome it states), and the targets it names:
+    emails (lower case), urls ((host, path)), ids ((noun, value))."""
+
+    __slots__ = ()
+
+
+def _intent(low):
+    """'success', 'failure' or None: a success word (sent, delivered...) states success unless a negation governs it
+    ('was not sent': failure); a failure word states failure; both, or neither, state nothing."""
+    positions = [i for i, word in enumerate(low) if word in _OK_WORDS]
+    negated = [_negated_at(low, i) for i in positions]
+    success = False in negated
+    failure = True in negated or not _FAIL_WORDS.isdisjoint(low)
+    if success and not failure:
+        return "success"
+    if failure and not success:
+        return "failure"
+    return None
+
+
+def api_call_claim(claim):
+    """The ApiClaim of a claim."""
+    toks, low = _words(claim)
+    urls = set(filter(None, map(_url, toks)))
+    ids = {claimed[:2] for claimed in _claimed_ids(low)}  # (noun, value)
+    return ApiClaim(_intent(low), _emails_in(claim), urls, ids)
+
+
+class ApiFacts(collections.namedtuple("ApiFacts", "status body targets")):
+    """What api_call evidence says about a claim: status (response_status), body ('success', 'failure' or None: what
+    response_body reports), targets (for each email, URL and id the claim names: 'match' when the request's target
+    fields have it, 'mismatch' when they have another of its kind, 'absent' when they have none)."""
+
+    __slots__ = ()
+
+
+def _target_results(claim, emails, urls, rows):
+    """The results (see ApiFacts) of the claim's targets against the request's emails, URLs and id rows."""
+    results = []
+    for email in claim.emails:
+        results.append(_result(email in emails, emails))
+    bare = [host for host, path in claim.urls if not path]
+    hosts = set(_column(urls, 0)) if bare else set()  # the request's hosts, for a claimed bare host: any path on it
+    for host, path in claim.urls:
+        hit = (host, path) in urls or not path and host in hosts
+        results.append(_result(hit, urls))
+    nouns = {noun for noun, value in claim.ids}
+    names = set(_column(rows, 0)) if nouns - {""} else set()  # the request's ids can be 100,000: read when needed
+    numbers = set(_column(rows, 1)) if "" in nouns else set()
+    for noun, value in claim.ids:  # compared with the request's ids whose noun agrees ('' agrees with any)
+        if not noun:
+            results.append(_result(value in numbers, rows))
+            continue
         agreeing = _id_names(noun) | _id_names("")
-        hit = any((name, n) in rows for name in agreeing) if noun else n in numbers
-        results.add(code(hit, not names.isdisjoint(agreeing) if noun else rows))
-    return next((c for c in ("target_mismatch", "target_not_in_request", "target_matches") if c in results), None)
+        hit = any((name, value) in rows for name in agreeing)
+        results.append(_result(hit, not names.isdisjoint(agreeing)))
+    return results
+
+
+def _result(hit, others):
+    """'match' for a hit, else 'mismatch' when the request has others of the kind, else 'absent'."""
+    if hit:
+        return "match"
+    return "mismatch" if others else "absent"
+
+
+def api_call_facts(ev, claim):
+    """The ApiFacts of api_call evidence for a claim."""
+    wanted = (claim.emails, claim.urls, claim.ids)
+    request = ev.get("request") or {}
+    emails, urls, rows = _request_targets(request, wanted)
+    targets = _target_results(claim, emails, urls, rows)
+    body = _body_outcome(ev.get("response_body"))
+    return ApiFacts(ev["response_status"], body, targets)
+
+
+# The checks: each a reason code's rule over (ApiClaim, ApiFacts).
+
+
+def _status_says(facts):
+    """'success' for 2xx, 'failure' for 4xx and 5xx, None for 1xx and 3xx."""
+    if 200 <= facts.status < 300:
+        return "success"
+    if facts.status >= 400:
+        return "failure"
+    return None
+
+
+def status_fits(claim, facts):
+    """The HTTP status class fits the claimed success (2xx) or failure (4xx, 5xx)."""
+    return claim.intent and _status_says(facts) == claim.intent
+
+
+def status_fails(claim, facts):
+    """Success is claimed but the HTTP status is 4xx or 5xx."""
+    return claim.intent == "success" and _status_says(facts) == "failure"
+
+
+def status_succeeds(claim, facts):
+    """Failure is claimed but the HTTP status is 2xx."""
+    return claim.intent == "failure" and _status_says(facts) == "success"
+
+
+def body_fits(claim, facts):
+    """The response body reports the claimed outcome."""
+    return claim.intent and facts.body == claim.intent
+
+
+def body_fails(claim, facts):
+    """Success is claimed but the response body reports a failure: in a text body, a failure word or a negated
+    success word ('could not be delivered'); in a JSON body, at any depth and in lists, a status, state, result or
+    outcome failure word, ok or success false, an error that is not null, non-empty errors, or a 4xx/5xx status."""
+    return claim.intent == "success" and facts.body == "failure"
+
+
+def body_succeeds(claim, facts):
+    """Failure is claimed but the response body reports success."""
+    return claim.intent == "failure" and facts.body == "success"
+
+
+def targets_match(claim, facts):
+    """Every email, URL and id the claim names is in the request's target fields (to, url, NAME_id, /noun/N)."""
+    return facts.targets and set(facts.targets) == {"match"}
+
+
+def target_differs(claim, facts):
+    """A target field of the request names a different email, URL or id of the kind the claim names."""
+    return "mismatch" in facts.targets
+
+
+def target_absent(claim, facts):
+    """The request has no target field of a kind the claim names (and none names a different one)."""
+    return "absent" in facts.targets and "mismatch" not in facts.targets
+
+
+API_CALL_CHECKS = (
+    (status_fits, "status_matches_claim", POSITIVE),
+    (status_fails, "status_failure", CRITICAL),
+    (status_succeeds, "status_contradicts_failure_claim", NEGATIVE),
+    (body_fits, "body_matches_claim", POSITIVE),
+    (body_fails, "body_failure", CRITICAL),
+    (body_succeeds, "body_contradicts_failure_claim", NEGATIVE),
+    (targets_match, "target_matches", POSITIVE),
+    (target_differs, "target_mismatch", CRITICAL),
+    (target_absent, "target_not_in_request", NEGATIVE),
+)
 
 
 def judge_api_call(claim, ev, ev_json=None):
     """{request, response_status, response_body}: the claimed success or failure against the status class and the
     body; the emails, URLs and ids the claim names against the request's targets."""
-    toks, low = _words(claim)
-    ok, negated = _verb_classes(low, dict.fromkeys(_OK_WORDS, "ok"))  # 'was not sent' is a failure
-    intent = _outcome(ok, negated or not _FAIL_WORDS.isdisjoint(low))
-    status, body = ev["response_status"], _body_outcome(ev.get("response_body"))
-    details = {"claimed_outcome": intent, "status_class": "%dxx" % (status // 100), "body_outcome": body}
-    wanted = _emails_in(claim), set(filter(None, map(_url, toks))), _claim_ids(low)
-    targets = _request_targets(ev.get("request") or {}, wanted)
-    codes = [
-        # the status class against the claimed outcome (1xx and 3xx say nothing)
-        None if not intent or 300 <= status < 400 or status < 200
-        else "status_matches_claim" if (status < 400) == (intent == "success")
-        else "status_failure" if intent == "success" else "status_contradicts_failure_claim",
-        None if not intent or not body
-        else "body_matches_claim" if body == intent
-        else "body_failure" if body == "failure" else "body_contradicts_failure_claim",
-        _target_code(wanted, targets),
-    ]
-    return [c for c in codes if c], details
+    claimed = api_call_claim(claim)
+    facts = api_call_facts(ev, claimed)
+    status_class = "%dxx" % (facts.status // 100)
+    details = {"claimed_outcome": claimed.intent, "status_class": status_class, "body_outcome": facts.body}
+    return run_checks(CHECKS["api_call"], claimed, facts), details
 
 
 # ---- §3.6 generic ------------------------------------------------------------------------------------------
 
 # a string or other scalar (a value's text); in masked text (_values_text), a key with its ':', and a string that is
 # not a key (kept, as group 1) or a key
-_SCALAR, _MASKED_KEY, _STRING_OR_KEY = (
-    re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*'),
-    re.compile(r'"[^"]*":'),
-    re.compile(r'("[^"]*")(?!:)|"[^"]*":'),
-)
-_FILLERS = frozenset("not no now still also the a an being set already currently".split())  # never a stated value
+_SCALAR = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^,{}\[\]"]*')
+_MASKED_KEY = re.compile(r'"[^"]*":')
+_STRING_OR_KEY = re.compile(r'("[^"]*")(?!:)|"[^"]*":')
+_FILLERS = _word_set("not no now still also the a an being set already currently")  # never a stated value
+
+
+def _meanings(true_words, false_words):
+    """word -> True for each of true_words, False for each of false_words."""
+    table = dict.fromkeys(true_words.split(), True)
+    table.update(dict.fromkeys(false_words.split(), False))
+    return table
+
+
 # States: what the claim says a key is (a negation before the word flips it), and how the evidence writes them.
-_CLAIM_STATES = dict(
-    dict.fromkeys("on enabled enable enables activated activate active true".split(), True),
-    **dict.fromkeys("off disabled disable disables deactivated deactivate inactive false".split(), False),
-)
-_VALUE_STATES = dict(dict.fromkeys("true on enabled active yes".split(), True),
-                     **dict.fromkeys("false off disabled inactive no".split(), False))
+_CLAIM_STATES = _meanings("on enabled enable enables activated activate active true",
+                          "off disabled disable disables deactivated deactivate inactive false")
+_VALUE_STATES = _meanings("true on enabled active yes", "false off disabled inactive no")
 # Outcomes (True: success): the claim's words, and the words of status values in the evidence. 'completed' and
 # 'done' claim success, but in evidence they say only that something finished (GitHub: status completed,
 # conclusion failure).
-_CLAIM_OUTCOMES = dict(dict.fromkeys("pass passed passes succeed succeeded succeeds success successful successfully "
-                                     "complete completed ok green".split(), True),
-                       **dict.fromkeys("fail failed fails failing errored timed cancelled canceled aborted "
-                                       "crashed".split(), False))
-_VALUE_OUTCOMES = dict(dict.fromkeys("ok success succeeded successful passed pass green".split(), True),
-                       **dict.fromkeys("failed failure fail error errored timeout timed_out cancelled canceled aborted "
-                                       "rejected denied invalid bounced".split(), False))
-_FLAG_KEYS = ("ok", "success")  # booleans that report an outcome
-# what a stated value means, so that 'dark_mode is on' meets true and 'status: passed' meets "success"
-_MEANINGS = dict([(w, ("state", v)) for w, v in list(_CLAIM_STATES.items()) + list(_VALUE_STATES.items())]
-                 + [(w, ("outcome", v)) for w, v in _VALUE_OUTCOMES.items()])
+_CLAIM_OUTCOMES = _meanings("pass passed passes succeed succeeded succeeds success successful successfully complete "
+                            "completed ok green",
+                            "fail failed fails failing errored timed cancelled canceled aborted crashed")
+_VALUE_OUTCOMES = _meanings("ok success succeeded successful passed pass green",
+                            "failed failure fail error errored timeout timed_out cancelled canceled aborted rejected "
+                            "denied invalid bounced")
+_FLAG_KEYS = frozenset(["ok", "success"])  # booleans that report an outcome
+
+
+def _value_meanings():
+    """What a stated value means, so that 'dark_mode is on' meets true and 'status: passed' meets "success"."""
+    meanings = {}
+    for table in (_CLAIM_STATES, _VALUE_STATES):
+        for word, state in table.items():
+            meanings[word] = ("state", state)
+    for word, outcome in _VALUE_OUTCOMES.items():
+        meanings[word] = ("outcome", outcome)
+    return meanings
+
+
+_MEANINGS = _value_meanings()
+# Counters of failures above zero, at any depth of the evidence's canonical text in lower case (failed: 3, errors: 1,
+# a summary's failures: 2), a failed flag, or a list of errors that is not empty.
+_FAILURE_COUNTER = re.compile(
+    r'"(?:failed|failures|failing|errors|errored|error_count|errors_count|failed_count|failure_count'
+    r'|failures_count|fail_count|num_failed|num_errors)":(?:"?[1-9]|\[(?!\]))|"(?:failed|failing)":true'
+)
+_COUNTER_NAMES = ('"fail', '"error', '"num_')  # what each of them starts with: a search only where one is
+# a flat object (no object or list inside) with "passed": 0, and its totals above zero
+_ZERO_PASSED = re.compile(r'\{[^{}\[\]]*?"passed":0(?=[,}])[^{}\[\]]*\}')
+_TOTAL_ABOVE_ZERO = re.compile(r'"(?:total|tests|count|ran|run|executed|total_count|num_tests)":"?[1-9]')
+
+
+def _key_like(word):
+    """Whether a word can be a key: letters, digits, '_' and '-'."""
+    return word.replace("_", "a").replace("-", "a").isalnum()
+
+
+_LINKS = ("is", "was", "=", "are", "were")  # what joins a key and the value a claim states for it
+
+
+def _stated_pair(raw, toks, i):
+    """(key, value) the claim states at token i ('KEY is/was/are/were/= VALUE', 'KEY: VALUE', 'KEY=VALUE'), or
+    ('', '')."""
+    token = raw[i]
+    if token.endswith(":") and len(token) > 1:
+        return token[:-1], toks[i + 1]
+    link = _at(raw, i + 1).lower()
+    if link in _LINKS and _at(raw, i + 2):
+        return toks[i], toks[i + 2]
+    if "=" in token.strip("="):
+        key, _, value = token.partition("=")
+        return key, _strip(value)
+    return "", ""
 
 
 def _stated_values(raw, toks):
-    # key -> the values the claim states for it ('KEY is/was/are/were/= VALUE', 'KEY: VALUE', 'KEY=VALUE'), keys in
-    # lower case; at most 32 keys, so the work is bounded however long the claim.
+    """key -> the values the claim states for it (see _stated_pair), keys and values in lower case; at most 32 keys,
+    so the work is bounded however long the claim."""
     stated = {}
-    for i, t in enumerate(raw[:-1]):
-        key, val = (
-            (t[:-1], toks[i + 1]) if t.endswith(":") and len(t) > 1
-            else (toks[i], toks[i + 2]) if i + 2 < len(raw) and raw[i + 1].lower() in ("is", "was", "=", "are", "were")
-            else (t.partition("=")[0], _strip(t.partition("=")[2])) if "=" in t.strip("=")
-            else (None, None)
-        )
-        name = key.lower()[:64] if key and val and val.lower() not in _FILLERS else ""
-        if name.replace("_", "a").replace("-", "a").isalnum() and (name in stated or len(stated) < 32):
-            stated.setdefault(name, set()).add(val.lower())
+    for i in range(len(raw) - 1):
+        key, value = _stated_pair(raw, toks, i)
+        name = key.lower()[:64]
+        value = value.lower()
+        if not name or not value or value in _FILLERS or not _key_like(name):
+            continue
+        if name in stated or len(stated) < 32:
+            stated.setdefault(name, set()).add(value)
     return stated
 
 
+def _said(low, table):
+    """[(position, what a word of table says there)] for the words of a claim that the table holds, each flipped by
+    a negation before it ('did not enable': off; 'did not pass': failed)."""
+    said = []
+    for i, word in enumerate(low):
+        if word in table:
+            said.append((i, table[word] != _negated_at(low, i)))
+    return said
+
+
+def _nearest_state(words, at):
+    """The state of the state word nearest to token position at (words: [(position, state)])."""
+    distances = [(abs(position - at), state) for position, state in words]
+    return min(distances, key=operator.itemgetter(0))[1]
+
+
 def _claimed_states(low, text, stated):
-    # key -> the state (True: on) the claim gives it: each key of the evidence named within 6 tokens of a state word
-    # ('enabled dark_mode', 'auto_save is off') takes the nearest one's state, flipped by a negation before it
-    # ('did not enable x': off). Keys the claim states a value for are judged by that value instead. At most 32
-    # look-ups in the evidence text, so the work is bounded however long the claim.
-    words = [(i, _CLAIM_STATES[w] != _negated_at(low, i)) for i, w in enumerate(low) if w in _CLAIM_STATES]
-    near = sorted({j for i, _ in words for j in range(max(0, i - 6), min(len(low), i + 7))})
-    candidates = [low[j] for j in near if low[j] not in _CLAIM_STATES and low[j] not in _STOP and low[j] not in stated]
-    candidates = [w for w in dict.fromkeys(candidates) if w.replace("_", "a").replace("-", "a").isalnum()][:32]
-    keys = [w for w in candidates if '"%s":' % w in text]
-    nearest = lambda key: min(words, key=lambda word, at=low.index(key): abs(word[0] - at))[1]  # key found once
-    return {key: nearest(key) for key in keys}
+    """key -> the state (True: on) the claim gives it: each key of the evidence named within 6 tokens of a state word
+    ('enabled dark_mode', 'auto_save is off') takes the nearest one's state, flipped by a negation before it ('did
+    not enable x': off). Keys the claim states a value for are judged by that value instead. At most 32 look-ups in
+    the evidence text, so the work is bounded however long the claim."""
+    words = _said(low, _CLAIM_STATES)
+    near = set()
+    for i, _ in words:
+        near.update(range(i - 6, i + 7))
+    excluded = set(_CLAIM_STATES) | _STOP | set(stated)
+    nearby = [low[j] for j in sorted(near) if 0 <= j < len(low)]
+    candidates = [word for word in nearby if word not in excluded and _key_like(word)]
+    first = list(dict.fromkeys(candidates))[:32]
+    keys = [word for word in first if '"%s":' % word in text]
+    return {key: _nearest_state(words, low.index(key)) for key in keys}
 
 
 def _evidence_values(text, keys):
-    # key -> the first 100 scalar values (texts) that canonical JSON text in lower case has for each of keys, at any
-    # depth. str.find scans, in C: the work is bounded by the keys and the cap, not by the members of the evidence.
-    # Inside a JSON string a quote is always escaped, so '"key":' matches members only.
+    """key -> the first 100 scalar values (texts) that canonical JSON text in lower case has for each of keys, at any
+    depth. str.find scans, in C: the work is bounded by the keys and the cap, not by the members of the evidence.
+    Inside a JSON string a quote is always escaped, so '"key":' matches members only."""
     values = {}
-    for key, needle in ((key, '"%s":' % key) for key in keys):
+    for key in keys:
+        needle = '"%s":' % key
+        found = []
         at = text.find(needle)
-        while at >= 0 and len(values.get(key, ())) < 100:
+        while at >= 0 and len(found) < 100:
             value = _SCALAR.match(text, at + len(needle)).group()  # empty for an object or a list
-            values.setdefault(key, []).extend([value.strip('"')] if value else [])
+            if value:
+                found.append(value.strip('"'))
             at = text.find(needle, at + len(needle))
+        if found:
+            values[key] = found
     return values
 
 
 def _value_code(claimed, found):
-    # One code for a key, however often the claim states it: numbers meet numbers (in ECMAScript form), words meet
-    # strings and literals, alike or of the same meaning. The found values (at most 100) are read once: a claim can
-    # state one key 1,300 times, and each against every found value took 0.37 s.
-    found_numbers = {_es_number(n) for n in map(_number, found) if n is not None}
+    """'explicit_value_conflict', 'explicit_value_match' or None for one key, however often the claim states it:
+    numbers meet numbers (in ECMAScript form), words meet strings and literals, alike or of the same meaning. The
+    found values (at most 100) are read once."""
+    numbers = [n for n in map(_number, found) if n is not None]
+    found_numbers = set(map(_es_number, numbers))
     found_words = {v for v in found if _number(v) is None}
     found_meanings = set(map(_MEANINGS.get, found_words)) - {None}
     same = set()
@@ -1191,122 +3090,320 @@ def _value_code(claimed, found):
         if num is not None and found_numbers:
             same.add(_es_number(num) in found_numbers)
         elif num is None and found_words:
-            same.add(val in found_words or _MEANINGS.get(val) in found_meanings)
-    return None if not same else "explicit_value_conflict" if False in same else "explicit_value_match"
+            meaning = _MEANINGS.get(val)
+            same.add(val in found_words or meaning in found_meanings)
+    if not same:
+        return None
+    return "explicit_value_conflict" if False in same else "explicit_value_match"
 
 
-def _outcome_code(low, values, stated):
-    # The claim's outcome words (a negation flips them: 'did not pass') against the outcomes the evidence's status
-    # values and ok/success flags report at any depth; keys the claim states a value for are judged by that value.
-    claimed = {_CLAIM_OUTCOMES[w] != _negated_at(low, i) for i, w in enumerate(low) if w in _CLAIM_OUTCOMES}
-    reported = {_VALUE_OUTCOMES.get(v.strip()) for k in _STATUS_KEYS - set(stated) for v in values.get(k, ())}
-    reported |= {_VALUE_STATES.get(v) for k in _FLAG_KEYS if k not in stated for v in values.get(k, ())}
-    intent = claimed.pop() if len(claimed) == 1 else None  # none, or both: the claim states no outcome
-    if intent is None:
-        return "evidence_reports_failure" if False in reported else None
-    return "outcome_conflict" if (not intent) in reported else "outcome_matches" if intent in reported else None
+_COLON_STRING_STARTS = ('{":', '[":', ',":', ':":')  # a string that starts with ':', where it can start
 
 
 def _values_text(text):
-    # Canonical JSON text without its keys, its values apart from each other. Once escaped backslashes and quotes are
-    # masked (as in _es_floats), every quote left delimits a string. Keys are then found by a plain pattern, tried at
-    # every quote: from a closing quote it spans the gap to the next string, so it can take '",":' for a key only
-    # where a string starts with ':'. There, one pass takes every string whole from the first quote on instead (a
-    # key goes with its ':', any other string stays), a few times slower where values are many strings. Each
-    # character is read at most twice either way. Before, a pattern that paired escapes itself ran there, and its
-    # tries from every quote took time quadratic in a string's escaped quotes (32 KB of them after a ':': 28 s).
+    """Canonical JSON text without its keys, its values apart from each other. Once escaped backslashes and quotes
+    are masked, every quote left delimits a string. Keys are then found by a plain pattern, tried at every quote:
+    from a closing quote it spans the gap to the next string, so it can take '",":' for a key only where a string
+    starts with ':'. There, one pass takes every string whole from the first quote on instead (a key goes with its
+    ':', any other string stays). Each character is read at most twice either way."""
     masked = text.replace("\\\\", "\x01").replace('\\"', "\x02")
-    if any(start in text for start in ('{":', '[":', ',":', ':":')) or text.startswith('":'):
+    colon_first = text.startswith('":') or any(start in text for start in _COLON_STRING_STARTS)
+    if colon_first:
         masked = _STRING_OR_KEY.sub(r"\1 ", masked)
     else:
         masked = _MASKED_KEY.sub(" ", masked)
-    return masked.replace("\x02", '\\"').replace("\x01", "\\\\").replace(",", ", ")
+    unmasked = masked.replace("\x02", '\\"').replace("\x01", "\\\\")
+    return unmasked.replace(",", ", ")
+
+
+class GenericClaim(collections.namedtuple("GenericClaim", "low entities stated outcome negated")):
+    """A generic claim: low (its tokens in lower case), entities (distinct normalised numbers of 10 or more, emails,
+    URLs, paths and identifiers; never true, false or null), stated (key -> the values it states: KEY is VALUE),
+    outcome (True: it says something passed, succeeded or completed; False: failed; None: neither, or both),
+    negated (it holds a negation: not, never, didn't...)."""
+
+    __slots__ = ()
+
+
+def _entity(token):
+    """Whether a token is an email, URL, path or identifier."""
+    if _email(token) or _url(token):
+        return True
+    return _pathish(token) or bool(_identifier(token))
+
+
+def _entities(toks):
+    """The distinct normalised entities among a claim's tokens (see GenericClaim). Numbers below 10 match by chance
+    ('3 databases', '0 errors')."""
+    numbers = [n for n in map(_number, toks) if n is not None and n >= 10]
+    entities = set(map(_es_number, numbers))
+    for token in toks:
+        word = token.lower()
+        if word not in ("true", "false", "null") and _number(token) is None and _entity(token):
+            entities.add(word)
+    return entities
+
+
+def _claimed_outcome(low):
+    """True, False or None: the claim's outcome words (a negation flips them: 'did not pass'), when they agree."""
+    outcomes = {outcome for _, outcome in _said(low, _CLAIM_OUTCOMES)}
+    return outcomes.pop() if len(outcomes) == 1 else None
+
+
+def generic_claim(claim):
+    """The GenericClaim of a claim."""
+    raw = _raw_tokens(claim)
+    toks = [_strip(token) for token in raw]
+    low = _lower(toks)
+    negated = not _NOT.isdisjoint(low)
+    stated = _stated_values(raw, toks)
+    return GenericClaim(low, _entities(toks), stated, _claimed_outcome(low), negated)
+
+
+class GenericFacts(collections.namedtuple("GenericFacts", "entities_matched values states reported")):
+    """What an object says about a generic claim. entities_matched: how many of the claim's entities (when it names
+    at least 3) are among the evidence's values (a key that matches is no support); values: each stated key's
+    result, 'explicit_value_match' or 'explicit_value_conflict'; states: each key the claim turns on or off ->
+    'match' or 'conflict'; reported: the outcomes (True, False) that status, state, result, outcome and conclusion
+    values, ok and success flags, and failure counters (failed: 3; passed: 0 beside a total above 0) report at any
+    depth."""
+
+    __slots__ = ()
+
+
+def _as_values(entity):
+    """How an entity may stand among the values' tokens: alone, or with what may follow a value in JSON text or
+    prose."""
+    return [entity + end for end in ("", ".", ",", ":", "/", "!", "?")]
+
+
+def _matched_entities(entities, text):
+    """How many entities are values of the evidence (canonical text in lower case), with what may follow a value in
+    JSON text or prose. Fewer than 3 entities cannot support a verdict: the evidence is then not tokenised."""
+    if len(entities) < 3:
+        return 0
+    have = set(_raw_tokens(_values_text(text)))
+    return sum(not have.isdisjoint(_as_values(entity)) for entity in entities)
+
+
+def _counters_fail(text):
+    """Whether failure counters in the evidence report a failure: a counter of failures above zero anywhere, or
+    passed: 0 beside a total above zero in the same (flat) object."""
+    named = any(name in text for name in _COUNTER_NAMES)
+    if named and _FAILURE_COUNTER.search(text):
+        return True
+    if '"passed":0' not in text:
+        return False
+    zero_passed = _ZERO_PASSED.findall(text)[:100]
+    return any(map(_TOTAL_ABOVE_ZERO.search, zero_passed))
+
+
+def _reported(values, stated, text):
+    """The outcomes the evidence reports (see GenericFacts); keys the claim states a value for are judged by that
+    value instead."""
+    reported = set()
+    for key in _STATUS_KEYS - set(stated):
+        found = map(str.strip, values.get(key, ()))
+        reported.update(map(_VALUE_OUTCOMES.get, found))
+    for key in _FLAG_KEYS - set(stated):
+        reported.update(map(_VALUE_STATES.get, values.get(key, ())))
+    if _counters_fail(text):
+        reported.add(False)
+    return reported - {None}
+
+
+def _state_result(state, found):
+    """'conflict' when a value of the key holds the other state, 'match' when one holds this one, else None."""
+    states = {_VALUE_STATES.get(value) for value in found} - {None}
+    if (not state) in states:
+        return "conflict"
+    return "match" if states else None
+
+
+def generic_facts(ev, ev_json, claim):
+    """The GenericFacts of an object for a claim (ev_json: its canonical text, when the caller has it)."""
+    text = ev_json if ev_json is not None else _canonical_text(ev)
+    text = text.lower()
+    states = _claimed_states(claim.low, text, claim.stated)
+    keys = _STATUS_KEYS.union(claim.stated, states, _FLAG_KEYS)
+    values = _evidence_values(text, keys)
+    value_results = []
+    for key, claimed in claim.stated.items():
+        value_results.append(_value_code(claimed, values.get(key, [])))
+    state_results = []
+    for key, state in states.items():
+        state_results.append(_state_result(state, values.get(key, ())))
+    entities = _matched_entities(claim.entities, text)
+    return GenericFacts(entities, value_results, state_results, _reported(values, claim.stated, text))
+
+
+# The checks: each a reason code's rule over (GenericClaim, GenericFacts).
+
+
+def entities_found(claim, facts):
+    """The claim names at least 3 distinct entities (numbers >= 10, URLs, emails, paths, identifiers) that are values
+    of the evidence: one signal for each entity found, when at least 3 are."""
+    return facts.entities_matched if facts.entities_matched >= 3 else 0
+
+
+def values_match(claim, facts):
+    """The value the claim states for a key (KEY is VALUE, KEY: VALUE) is the evidence's, at any depth: one signal a
+    key."""
+    return facts.values.count("explicit_value_match")
+
+
+def values_conflict(claim, facts):
+    """A value the claim states for a key differs from the evidence's: one signal a key."""
+    return facts.values.count("explicit_value_conflict")
+
+
+def states_match(claim, facts):
+    """A key the claim turns on (enabled, true, active) or off holds that state: one signal a key."""
+    return facts.states.count("match")
+
+
+def states_conflict(claim, facts):
+    """A key the claim turns on or off (did not enable: off) holds the other state: one signal a key."""
+    return facts.states.count("conflict")
+
+
+def _opposite_reported(claim, facts):
+    """Whether the claim states an outcome and the evidence reports the opposite."""
+    return claim.outcome is not None and (not claim.outcome) in facts.reported
+
+
+def outcome_agrees(claim, facts):
+    """The claim's outcome (passed, succeeded, completed; failed) is what the evidence reports, and nothing there
+    reports the opposite."""
+    return claim.outcome in facts.reported and not _opposite_reported(claim, facts)
+
+
+def outcome_contradicted(claim, facts):
+    """The evidence reports the opposite of the claim's outcome at any depth: a status, state, result, outcome or
+    conclusion value, an ok or success flag, or for a claimed success a counter of failures above zero (failed,
+    failures, errors, error_count...) or passed: 0 beside a total above zero. Entity matches never outweigh it."""
+    return _opposite_reported(claim, facts)
+
+
+def failure_reported(claim, facts):
+    """The claim states no outcome, but the evidence reports a failure (a status value, a flag or a counter)."""
+    return claim.outcome is None and False in facts.reported
+
+
+GENERIC_CHECKS = (
+    (entities_found, "entities_match", POSITIVE),
+    (values_match, "explicit_value_match", POSITIVE),
+    (values_conflict, "explicit_value_conflict", CRITICAL),
+    (states_match, "state_matches", POSITIVE),
+    (states_conflict, "state_conflict", CRITICAL),
+    (outcome_agrees, "outcome_matches", POSITIVE),
+    (outcome_contradicted, "outcome_conflict", CRITICAL),
+    (failure_reported, "evidence_reports_failure", NEGATIVE),
+    (claim_is_negated, "claim_negated", NEGATIVE),
+)
 
 
 def judge_generic(claim, ev, ev_json=None):
-    """Any object, judged conservatively: at least 3 distinct entities among the evidence's values (a key that
-    matches is not support), values the claim states for keys (KEY is VALUE), states it gives keys (enabled X),
-    and its outcome (passed, failed) against every status value."""
-    text = (ev_json if ev_json is not None else _canonical_text(ev)).lower()
-    raw = _raw_tokens(claim)
-    toks = [_strip(t) for t in raw]
-    # distinct normalised entities: numbers of 10 or more (smaller ones match by chance: '3 databases', '0 errors'),
-    # emails, URLs, paths and identifiers; never true, false or null
-    entities = {_es_number(n) for n in map(_number, toks) if n is not None and n >= 10} | {
-        t.lower() for t in toks if _number(t) is None and t.lower() not in ("true", "false", "null")
-        and (_email(t) or _url(t) or _pathish(t) or _identifier(t))
-    }
-    low, matched = [t.lower() for t in toks], []
-    if len(entities) >= 3:  # fewer cannot support a verdict: the evidence is not tokenised for them
-        have = set(_raw_tokens(_values_text(text)))
-        endings = ("", ".", ",", ":", "/", "!", "?")  # what may follow a value in JSON text or prose
-        matched = [e for e in entities if any(e + s in have for s in endings)]
-    codes = ["entities_match"] * len(matched) if len(matched) >= 3 else []
-    stated = _stated_values(raw, toks)
-    states = _claimed_states(low, text, stated)
-    values = _evidence_values(text, set(stated) | set(states) | _STATUS_KEYS | set(_FLAG_KEYS))
-    codes += [_value_code(claimed, values.get(key, [])[:100]) for key, claimed in stated.items()]
-    for key, state in states.items():  # one code a key: any value of the other state conflicts
-        found = {_VALUE_STATES.get(v) for v in values.get(key, ())} - {None}
-        codes.append(None if not found else "state_conflict" if (not state) in found else "state_matches")
-    codes += [_outcome_code(low, values, stated), "claim_negated" if not _NOT.isdisjoint(low) else None]
-    return [c for c in codes if c], {"entities_matched": len(matched)}
+    """Any object, judged conservatively: at least 3 distinct entities among the evidence's values, values the claim
+    states for keys (KEY is VALUE), states it gives keys (enabled X), and its outcome (passed, failed) against every
+    status value and failure counter."""
+    claimed = generic_claim(claim)
+    facts = generic_facts(ev, ev_json, claimed)
+    details = {"entities_matched": facts.entities_matched}
+    return run_checks(CHECKS["generic"], claimed, facts), details
 
 
-# ---- §3.7 Evidence checks, dispatch, judgement -------------------------------------------------------------
+# ---- §3.7 Evidence checks, dispatch, judgement and the vocabulary ------------------------------------------
 
 
-# type checks of evidence fields
-_count = lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= BOUNDS["count_max"]
-_nonempty_str = lambda v: isinstance(v, str) and v != ""
-_bool = lambda v: isinstance(v, bool)
+def _is_count(value):
+    """Whether value is a count: an integer (not a bool) from 0 to BOUNDS' count_max."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return 0 <= value <= BOUNDS["count_max"]
+
+
+def _is_text(value):
+    """Whether value is a string."""
+    return isinstance(value, str)
+
+
+def _is_nonempty_text(value):
+    """Whether value is a string that is not empty."""
+    return isinstance(value, str) and value != ""
+
+
+def _is_flag(value):
+    """Whether value is true or false."""
+    return isinstance(value, bool)
+
+
+def _is_status(value):
+    """Whether value is an HTTP status code (100-599)."""
+    return _is_count(value) and 100 <= value <= 599
+
+
+def _is_request(value):
+    """Whether value is a request as api_call reads it: a string or an object."""
+    return isinstance(value, (str, dict))
+
+
 EVIDENCE = {  # kind -> ({field: (type check, length bound)}, groups of fields: the evidence needs one complete group)
-    "code_diff": ({"diff": (lambda v: isinstance(v, str), "diff_chars")}, [("diff",)]),
+    "code_diff": ({"diff": (_is_text, "diff_chars")}, [("diff",)]),
     "db_op": (
         {
-            "before_count": (_count, None),
-            "after_count": (_count, None),
-            "affected_rows": (_count, None),
-            "operation": (_nonempty_str, "operation_chars"),
+            "before_count": (_is_count, None),
+            "after_count": (_is_count, None),
+            "affected_rows": (_is_count, None),
+            "operation": (_is_nonempty_text, "operation_chars"),
         },
         [("before_count", "after_count"), ("affected_rows",), ("operation",)],
     ),
     "file_op": (
         {
-            "path": (_nonempty_str, "path_chars"),
-            "new_path": (_nonempty_str, "path_chars"),
-            "exists_before": (_bool, None),
-            "exists_after": (_bool, None),
-            "line_count": (_count, None),
-            "size_bytes": (_count, None),
+            "path": (_is_nonempty_text, "path_chars"),
+            "new_path": (_is_nonempty_text, "path_chars"),
+            "exists_before": (_is_flag, None),
+            "exists_after": (_is_flag, None),
+            "line_count": (_is_count, None),
+            "size_bytes": (_is_count, None),
         },
         [("path", "exists_before", "exists_after")],
     ),
-    "api_call": (
-        {
-            "response_status": (lambda v: _count(v) and 100 <= v <= 599, None),
-            "request": (lambda v: isinstance(v, (str, dict)), "request_chars"),
-        },
-        [("response_status",)],
-    ),
+    "api_call": ({"response_status": (_is_status, None), "request": (_is_request, "request_chars")},
+                 [("response_status",)]),
     "generic": ({}, [()]),
 }
 
 
+def _has_all(ev, fields):
+    """Whether the evidence has each of fields (null is absent)."""
+    return all(ev.get(field) is not None for field in fields)
+
+
 def check_evidence(kind, ev):
-    """A code when the evidence cannot be judged as kind (wrong type, too large, fields missing), else None.
-    A null field is absent."""
+    """A code when the evidence cannot be judged as kind (evidence_invalid: a field of the wrong type;
+    evidence_too_large: beyond its bound; evidence_missing_fields: no complete group), else None. A null field is
+    absent."""
     fields, groups = EVIDENCE[kind]
     for name, (type_ok, bound) in fields.items():
-        v = ev.get(name)
-        if v is not None and not type_ok(v):
+        value = ev.get(name)
+        if value is not None and not type_ok(value):
             return "evidence_invalid"
-        if bound and isinstance(v, str) and len(v) > BOUNDS[bound]:
+        if bound and isinstance(value, str) and len(value) > BOUNDS[bound]:
             return "evidence_too_large"
-    return None if any(all(ev.get(f) is not None for f in group) for group in groups) else "evidence_missing_fields"
+    complete = [group for group in groups if _has_all(ev, group)]
+    return None if complete else "evidence_missing_fields"
 
 
-_JUDGES = {  # kind -> judge(claim, evidence, the evidence's canonical JSON text or None) -> (codes, details)
+CHECKS = {  # kind -> its table of checks; each judge looks it up when it runs
+    "code_diff": CODE_DIFF_CHECKS,
+    "db_op": DB_OP_CHECKS,
+    "file_op": FILE_OP_CHECKS,
+    "api_call": API_CALL_CHECKS,
+    "generic": GENERIC_CHECKS,
+}
+_JUDGES = {  # kind -> judge(claim, evidence, the evidence's canonical JSON text or None) -> (signals, details)
     "code_diff": judge_code_diff,
     "db_op": judge_db_op,
     "file_op": judge_file_op,
@@ -1319,64 +3416,186 @@ _SHAPES = (  # dispatch by evidence shape, in this order
     ("file_op", ("exists_before", "exists_after", "line_count", "size_bytes")),
     ("api_call", ("request", "response_status", "response_body")),
 )
-DISPATCH = (
-    ["the kind field, case-insensitive"]
-    + ["any of %s -> %s" % (", ".join(fields), kind) for kind, fields in _SHAPES]
-    + ["otherwise generic (operation alone never selects db_op)"]
-)
+
+
+def _dispatch_order():
+    """The order in which a request's kind is chosen, as /rules states it."""
+    order = ["the kind field, case-insensitive"]
+    for kind, fields in _SHAPES:
+        order.append("any of %s -> %s" % (", ".join(fields), kind))
+    order.append("otherwise generic (operation alone never selects db_op)")
+    return order
+
+
+DISPATCH = _dispatch_order()
 
 
 def dispatch_kind(evidence, kind=None):
     """The requested kind (case-insensitive), else by evidence shape (null is absent, as for checks)."""
-    shaped = (k for k, fields in _SHAPES if any(evidence.get(f) is not None for f in fields))
-    return kind.lower() if kind else next(shaped, "generic")
+    if kind:
+        return kind.lower()
+    for shaped, fields in _SHAPES:
+        if any(evidence.get(field) is not None for field in fields):
+            return shaped
+    return "generic"
+
+
+GENERAL_CODES = {  # code -> (effect, meaning): the codes no kind's table holds
+    "no_signal": ("none", "No check fired: reason_codes holds this code alone, and signals is empty."),
+    "evidence_missing_fields": (NEGATIVE, "The evidence lacks the fields this kind needs (see evidence)."),
+    "evidence_invalid": (UNSAFE, "A field this kind reads has the wrong type or shape: nothing was judged."),
+    "evidence_too_large": (UNSAFE, "A field exceeds this kind's bound (see bounds): nothing was judged."),
+    "verifier_error": (UNSAFE, "A rule failed unexpectedly: nothing was judged."),
+}
+
+
+class Reason(collections.namedtuple("Reason", "kind effect meaning summary")):
+    """A reason code of the closed vocabulary: the kinds whose tables hold it ('any' for a general code), its effect,
+    what it means (its check's docstring), and that in short (for a response's reasoning)."""
+
+    __slots__ = ()
+
+
+def _meaning(test):
+    """A check's docstring on one line: the meaning of its code."""
+    return " ".join(test.__doc__.split())
+
+
+_ASIDE = re.compile(r"\s*\([^()]*\)")  # a meaning's words in parentheses
+
+
+def _summary(meaning):
+    """A meaning in short: without its words in parentheses, and up to its first ': '."""
+    plain = _ASIDE.sub("", meaning)
+    head = plain.split(": ", 1)[0]
+    return head.rstrip(".") + "."
+
+
+def _vocabulary():
+    """code -> Reason for every code a response can carry: the general codes, then each table's in table order."""
+    kinds = {}
+    rows = {}
+    for kind, table in CHECKS.items():
+        for test, code, effect in table:
+            kinds.setdefault(code, []).append(kind)
+            rows.setdefault(code, (test, effect))
+    reasons = {}
+    for code, (effect, meaning) in GENERAL_CODES.items():
+        reasons[code] = Reason("any", effect, meaning, _summary(meaning))
+    for code, (test, effect) in rows.items():
+        kind = ", ".join(kinds[code])
+        meaning = _meaning(test)
+        reasons[code] = Reason(kind, effect, meaning, _summary(meaning))
+    return reasons
+
+
+REASONS = _vocabulary()  # the closed vocabulary: nothing else is emitted
+
+
+class Judgement(collections.namedtuple("Judgement", "kind signals codes details verdict confidence")):
+    """What the rules made of a request: the kind judged, the signals (in table order), codes (their distinct codes
+    in order, or no_signal alone), details (facts of the kind, never raw input beyond paths), verdict, confidence."""
+
+    __slots__ = ()
+
+
+def _unsafe(code):
+    """The signals of a judgement stopped before its checks ran."""
+    return [Signal(code, UNSAFE, 1)]
+
+
+def _in_vocabulary(signal):
+    """Whether a signal's code is in the vocabulary with its effect, and fired at least once."""
+    reason = REASONS.get(signal.code)
+    return reason is not None and reason.effect == signal.effect and signal.count >= 1
+
+
+def _signals(kind, claim, evidence, evidence_json):
+    """The signals of one request (see judge)."""
+    try:
+        problem = check_evidence(kind, evidence)
+        if problem:
+            return [Signal(problem, REASONS[problem].effect, 1)], {}
+        signals, details = _JUDGES[kind](claim, evidence, evidence_json)
+    except EvidenceTooLarge:
+        return _unsafe("evidence_too_large"), {}
+    except Exception:  # any bug: answered and signed, never dropped
+        return _unsafe("verifier_error"), {}
+    if not all(map(_in_vocabulary, signals)):  # a misspelt code: the vocabulary is closed
+        return _unsafe("verifier_error"), {}
+    return signals, details
 
 
 def judge(kind, claim, evidence, evidence_json=None):
-    """(codes, details, verdict, confidence); never raises: a rule failure is unsafe_to_verify (verifier_error).
-    evidence_json: the evidence's canonical text, if the caller has it (generic reads it instead of re-encoding)."""
-    try:
-        bad = check_evidence(kind, evidence)
-        codes, details = ([bad], {}) if bad else _JUDGES[kind](claim, evidence, evidence_json)
-        codes = codes or ["no_signal"]
-        return (codes, details) + decide(codes)
-    except EvidenceTooLarge:
-        return ["evidence_too_large"], {}, "unsafe_to_verify", 0.0
-    except Exception:  # a misspelt code (the vocabulary is closed) or any bug: answered and signed, never dropped
-        return ["verifier_error"], {}, "unsafe_to_verify", 0.0
+    """The Judgement of a claim and its evidence as kind; never raises: a rule failure is unsafe_to_verify
+    (verifier_error). evidence_json: the evidence's canonical text, if the caller has it (generic reads it instead
+    of re-encoding)."""
+    signals, details = _signals(kind, claim, evidence, evidence_json)
+    distinct = dict.fromkeys(signal.code for signal in signals)
+    codes = list(distinct) or ["no_signal"]
+    verdict = decide(signals)
+    return Judgement(kind, signals, codes, details, verdict, confidence(verdict, signals))
 
 
 # ============================================================================================================
 # §4 Receipts (pure given a key ring)
 # ============================================================================================================
 
-RECEIPT_FIELDS = collections.OrderedDict(  # field -> what it holds (GET /spec documents each)
-    [
-        ("schema", "\"verify_action_receipt.v0\"."),
-        ("claim_hash", "\"sha256:\" + hex SHA-256 of the claim's UTF-8."),
-        ("evidence_manifest_hash", "\"sha256:\" + hex SHA-256 of the RFC 8785 canonical JSON of evidence."),
-        (
-            "request_hash",
-            "The same over the whole request as received (MCP: the arguments): kind and contexts are bound.",
-        ),
-        ("verifier_id", "\"verify_action.py@<version>\"."),
-        ("verifier_method", "\"rule_based.<kind>\"."),
-        ("verdict", "The aar_verdict."),
-        ("confidence", "In the verdict, 0..1."),
-        ("reason_codes", "never input"),
-        ("policy_or_oracle_refs", "[]: no oracle is used."),
-        ("caller_context", "As received; {} when absent."),
-        ("issued_at", "RFC 3339 UTC time."),
-        ("issued_by", "--issuer."),
-        ("kid", "Key id in the operator's key ring."),
-        (
-            "signature",
-            "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256 under the kid's key of the canonical JSON of "
-            "the receipt without signature.",
-        ),
-    ]
-)
+RECEIPT_FIELDS = {  # field -> what it holds, in the order receipts carry them (GET /spec documents each)
+    "schema": "\"verify_action_receipt.v0\".",
+    "claim_hash": "\"sha256:\" + hex SHA-256 of the claim's UTF-8.",
+    "evidence_manifest_hash": "\"sha256:\" + hex SHA-256 of the RFC 8785 canonical JSON of evidence.",
+    "request_hash": "The same over the whole request as received (MCP: the arguments): kind and contexts are bound.",
+    "verifier_id": "\"verify_action.py@<version>\".",
+    "verifier_method": "\"rule_based.<kind>\".",
+    "verdict": "The aar_verdict.",
+    "confidence": "In the verdict, 0..1.",
+    "reason_codes": "The distinct codes of signals, in order (no_signal alone when there are none); never input.",
+    "signals": (
+        "[{code, effect, count}] in the order the rules produced them: GET /rules' decision and confidence functions "
+        "applied to them give verdict and confidence. A receipt issued before this field existed has none and is "
+        "checked over the fields it has."
+    ),
+    "policy_or_oracle_refs": "[]: no oracle is used.",
+    "caller_context": "As received; {} when absent.",
+    "issued_at": "RFC 3339 UTC time.",
+    "issued_by": "--issuer.",
+    "kid": "Key id in the operator's key ring.",
+    "signature": (
+        "\"hmac-sha256:\" + unpadded base64url HMAC-SHA256 under the kid's key of the canonical JSON of the receipt "
+        "without signature."
+    ),
+}
+_EARLIER_FIELDS = frozenset(RECEIPT_FIELDS) - {"signals"}  # a receipt issued before signals were added
+_RECEIPT_FIELD_SETS = (frozenset(RECEIPT_FIELDS), _EARLIER_FIELDS)
 _KID_PUNCTUATION = {ord(c): "a" for c in "-_."}  # allowed in a kid besides letters and digits
+VERIFIER_ID = "verify_action.py@" + VERSION
+
+
+def _key_bytes(field):
+    """The bytes of a base64url key (padding optional), or b'' when it is not base64url."""
+    padding = "=" * (-len(field) % 4)
+    try:
+        return base64.urlsafe_b64decode(field + padding)
+    except (ValueError, TypeError):
+        return b""
+
+
+def _kid_ok(kid):
+    """Whether kid is a key id: at most 64 ASCII letters, digits, '-', '_' and '.'."""
+    if not kid.isascii() or len(kid) > 64:
+        return False
+    return kid.translate(_KID_PUNCTUATION).isalnum()
+
+
+def _key_pair(fields):
+    """(kid, key) of the fields of a key-ring line, or None unless they are a kid and a key of at least 32 bytes."""
+    if len(fields) != 2 or not _kid_ok(fields[0]):
+        return None
+    key = _key_bytes(fields[1])
+    if len(key) < 32:
+        return None
+    return fields[0], key
 
 
 class KeyRing(object):
@@ -1385,75 +3604,105 @@ class KeyRing(object):
     def __init__(self, pairs, ephemeral=False):
         if not pairs:
             raise ValueError("the key ring has no keys")
-        self.keys, self.kid, self.ephemeral = collections.OrderedDict(pairs), pairs[-1][0], ephemeral
+        self.keys = collections.OrderedDict(pairs)
+        self.kid = pairs[-1][0]
+        self.ephemeral = ephemeral
 
     @classmethod
     def parse(cls, text, allow_empty=False):
-        # Parse 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError.
+        """The key ring of 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError."""
         pairs = []
         for number, line in enumerate(text.splitlines(), 1):
             fields = line.split("#", 1)[0].split()
             if not fields:
                 continue
-            kid = fields[0]
-            try:  # base64url, padding optional
-                key = base64.urlsafe_b64decode(fields[1] + "=" * (-len(fields[1]) % 4)) if len(fields) == 2 else b""
-            except (ValueError, TypeError):
-                key = b""
-            kid_ok = kid.isascii() and kid.translate(_KID_PUNCTUATION).isalnum() and len(kid) <= 64
-            if len(key) < 32 or not kid_ok or kid in dict(pairs):
+            pair = _key_pair(fields)
+            if pair is None or pair[0] in dict(pairs):
                 raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % number)
-            pairs.append((kid, key))
-        return cls(pairs) if pairs or not allow_empty else None
+            pairs.append(pair)
+        if pairs or not allow_empty:
+            return cls(pairs)
+        return None
 
     @classmethod
     def generate(cls):
-        # A one-process key ring: its receipts cannot be verified after a restart.
-        return cls([("ephemeral-" + secrets.token_hex(4), secrets.token_bytes(32))], ephemeral=True)
+        """A one-process key ring: its receipts cannot be verified after a restart."""
+        kid = "ephemeral-" + secrets.token_hex(4)
+        return cls([(kid, secrets.token_bytes(32))], ephemeral=True)
 
     def mac(self, kid, body):
-        # The signature field of a receipt body (without signature) under key kid.
-        # a receipt body is small, and carries a version string json.dumps text could be misread by: _jcs directly
-        return "hmac-sha256:" + _b64url(hmac.new(self.keys[kid], _jcs(body).encode("utf-8"), hashlib.sha256).digest())
+        """The signature field of a receipt body (without signature) under key kid. A receipt body is small, and
+        carries a version string json.dumps text could be misread by: _jcs writes it directly."""
+        text = _jcs(body).encode("utf-8")
+        mac = hmac.new(self.keys[kid], text, hashlib.sha256)
+        return "hmac-sha256:" + _b64url(mac.digest())
 
 
-def issue_receipt(request, kind, verdict, confidence, codes, keyring, issuer, now, members=None):
-    """A signed receipt for one judged request (request: the object as received, already validated; members: its
-    canonical_members, when the caller has them)."""
+def _signals_json(signals):
+    """Signals as responses and receipts carry them: [{"code", "effect", "count"}]."""
+    return [signal.as_json() for signal in signals]
+
+
+def issue_receipt(request, judgement, keyring, issuer, now, members=None):
+    """A signed receipt for one judged request (request: the object as received, already validated; judgement: its
+    Judgement; members: its canonical_members, when the caller has them)."""
     members = members or canonical_members(request)
+    claim_hash = _sha(request["claim"].encode("utf-8"))
+    evidence_hash = _sha(members["evidence"].encode("utf-8"))
+    request_hash = _sha(members[None].encode("utf-8"))
+    caller = request.get("caller_context", {})
+    issued_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    method = "rule_based." + judgement.kind
+    codes = list(judgement.codes)
+    signals = _signals_json(judgement.signals)
     body = {
         "schema": SCHEMA,
-        "claim_hash": _sha(request["claim"].encode("utf-8")),
-        "evidence_manifest_hash": _sha(members["evidence"].encode("utf-8")),
-        "request_hash": _sha(members[None].encode("utf-8")),
-        "verifier_id": "verify_action.py@" + VERSION,
-        "verifier_method": "rule_based." + kind,
-        "verdict": verdict,
-        "confidence": confidence,
-        "reason_codes": list(codes),
+        "claim_hash": claim_hash,
+        "evidence_manifest_hash": evidence_hash,
+        "request_hash": request_hash,
+        "verifier_id": VERIFIER_ID,
+        "verifier_method": method,
+        "verdict": judgement.verdict,
+        "confidence": judgement.confidence,
+        "reason_codes": codes,
+        "signals": signals,
         "policy_or_oracle_refs": [],
-        "caller_context": request.get("caller_context", {}),
-        "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "caller_context": caller,
+        "issued_at": issued_at,
         "issued_by": issuer,
         "kid": keyring.kid,
     }
-    return dict(body, signature=keyring.mac(keyring.kid, body))
+    body["signature"] = keyring.mac(keyring.kid, body)
+    return body
+
+
+def _receipt_shape(receipt):
+    """Whether receipt has a receipt's fields (RECEIPT_FIELDS, or those of an earlier receipt, without signals) and a
+    kid and an hmac-sha256 signature that are strings."""
+    if not isinstance(receipt, dict) or set(receipt) not in _RECEIPT_FIELD_SETS:
+        return False
+    signature = receipt["signature"]
+    signed = isinstance(signature, str) and signature.startswith("hmac-sha256:")
+    return signed and isinstance(receipt["kid"], str)
 
 
 def verify_receipt(receipt, keyring):
     """(valid, reason, kid): reason is ok, malformed, unsupported_schema, unknown_kid or bad_signature."""
-    if not isinstance(receipt, dict) or set(receipt) != set(RECEIPT_FIELDS):
+    if not _receipt_shape(receipt):
         return False, "malformed", None
-    kid, signature = receipt["kid"], receipt["signature"]
-    if not isinstance(kid, str) or not isinstance(signature, str) or not signature.startswith("hmac-sha256:"):
-        return False, "malformed", None
-    if receipt["schema"] != SCHEMA or kid not in keyring.keys:
-        return False, "unsupported_schema" if receipt["schema"] != SCHEMA else "unknown_kid", kid
+    kid = receipt["kid"]
+    if receipt["schema"] != SCHEMA:
+        return False, "unsupported_schema", kid
+    if kid not in keyring.keys:
+        return False, "unknown_kid", kid
+    unsigned = dict(receipt)
+    del unsigned["signature"]
     try:
-        expected = keyring.mac(kid, {k: v for k, v in receipt.items() if k != "signature"})
+        expected = keyring.mac(kid, unsigned)
     except (TypeError, ValueError):  # a field that is not JSON (NaN...)
         return False, "malformed", kid
-    valid = hmac.compare_digest(expected.encode("utf-8"), signature.encode("utf-8", "replace"))
+    signature = receipt["signature"].encode("utf-8", "replace")
+    valid = hmac.compare_digest(expected.encode("utf-8"), signature)
     return valid, "ok" if valid else "bad_signature", kid
 
 
@@ -1672,20 +3921,45 @@ _EVIDENCE_DOC = (
     "exists_before, exists_after, line_count?, size_bytes?, new_path?}; api_call {request, "
     "response_status, response_body}; generic: any object."
 )
-_STRING, _OBJECT, _TITLE = {"type": "string"}, {"type": "object"}, "Verify an agent's claimed action"
-_RESPONSE_SCHEMA = collections.OrderedDict(  # the /verify response: field -> JSON schema
-    [
-        ("aar_verdict", dict(_STRING, enum=list(VERDICTS))),
-        ("verdict", dict(_STRING, enum=list(LEGACY.values()))),
-        ("confidence", {"type": "number", "minimum": 0, "maximum": 1}),
-        ("reason_codes", {"type": "array", "items": _STRING}),
-        ("reasoning", _STRING),
-        ("kind_dispatched", dict(_STRING, enum=list(KINDS))),
-        ("verifier_used", _STRING),
-        ("details", _OBJECT),
-        ("receipt", _OBJECT),
-    ]
-)
+_STRING = {"type": "string"}
+_OBJECT = {"type": "object"}
+_TITLE = "Verify an agent's claimed action"
+_LEGACY_VERDICTS = tuple(LEGACY.values())
+_SIGNAL_SCHEMA = {
+    "type": "object",
+    "required": ["code", "effect", "count"],
+    "properties": {
+        "code": _STRING,
+        "effect": {"type": "string", "enum": EFFECTS},
+        "count": {"type": "integer", "minimum": 1},
+    },
+}
+_RESPONSE_SCHEMA = {  # the /verify response: field -> JSON schema, in the order responses carry them
+    "aar_verdict": {"type": "string", "enum": VERDICTS},
+    "verdict": {"type": "string", "enum": _LEGACY_VERDICTS},
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    "reason_codes": {"type": "array", "items": _STRING},
+    "signals": {"type": "array", "items": _SIGNAL_SCHEMA},
+    "reasoning": _STRING,
+    "kind_dispatched": {"type": "string", "enum": KINDS},
+    "verifier_used": _STRING,
+    "details": _OBJECT,
+    "receipt": _OBJECT,
+}
+_RESPONSE_FIELDS = tuple(_RESPONSE_SCHEMA)
+_CALLER_DOC = "At most 8 scalar values; keys and strings <= 64 characters."
+_INPUT_SCHEMA = {
+    "type": "object",
+    "required": ["claim", "evidence"],
+    "additionalProperties": False,
+    "properties": {
+        "claim": {"type": "string", "minLength": 1, "maxLength": MAX_CLAIM},
+        "evidence": {"type": "object", "description": _EVIDENCE_DOC},
+        "kind": {"type": "string", "enum": KINDS},
+        "context": {"type": "string", "maxLength": MAX_CONTEXT},
+        "caller_context": {"type": "object", "description": _CALLER_DOC},
+    },
+}
 TOOL = {
     "name": "verify_action",
     "title": _TITLE,
@@ -1693,41 +3967,82 @@ TOOL = {
     "description": (
         "Check whether a claim about an action (code change, database operation, file operation, API call, or "
         "anything else) is consistent with the evidence supplied, using deterministic rules; returns a verdict, "
-        "reason codes and a signed receipt. It fetches nothing, so a receipt never proves the claim true."
+        "the signals it was decided from, reason codes and a signed receipt. It fetches nothing, so a receipt "
+        "never proves the claim true."
     ),
-    "inputSchema": {
-        "type": "object",
-        "required": ["claim", "evidence"],
-        "additionalProperties": False,
-        "properties": {
-            "claim": dict(_STRING, minLength=1, maxLength=MAX_CLAIM),
-            "evidence": dict(_OBJECT, description=_EVIDENCE_DOC),
-            "kind": dict(_STRING, enum=list(KINDS)),
-            "context": dict(_STRING, maxLength=MAX_CONTEXT),
-            "caller_context": dict(_OBJECT, description="At most 8 scalar values; keys and strings <= 64 characters."),
-        },
-    },
-    "outputSchema": dict(_OBJECT, required=list(_RESPONSE_SCHEMA), properties=dict(_RESPONSE_SCHEMA)),
+    "inputSchema": _INPUT_SCHEMA,
+    "outputSchema": {"type": "object", "required": _RESPONSE_FIELDS, "properties": _RESPONSE_SCHEMA},
 }
+SIGNALS_DOC = (
+    "Each response and receipt carries signals: [{code, effect, count}], one for each check that fired, in the "
+    "order of its kind's table (checks; a check marked alone that fires is the only one), or the one signal of "
+    "evidence that could not be judged: evidence_missing_fields (negative), or evidence_invalid, evidence_too_large "
+    "and verifier_error (unsafe: nothing was judged). effect is positive, negative or critical, and unsafe for those "
+    "three codes only; count is how often the check fired (once, or once for each entity it found). reason_codes "
+    "lists the distinct codes of signals in order, or no_signal alone when signals is empty. The verdict and the "
+    "confidence are the functions decision and confidence of signals alone."
+)
+
+
+def _check_row(test, code, effect):
+    """A row of a table as /rules lists it: its code and effect, and its check's name and rule."""
+    name = test.__name__
+    rule = _meaning(test)
+    alone = code in ALONE
+    return {"code": code, "effect": effect, "check": name, "rule": rule, "alone": alone}
+
+
+def _check_rows(table):
+    """The rows of a table as /rules lists them, in order."""
+    return [_check_row(*row) for row in table]
+
+
+def _evidence_fields(fields, groups):
+    """A kind's evidence as /rules lists it: its fields, and the groups of them it needs one of."""
+    return {"fields": sorted(fields), "needs_one_of": groups}
 
 
 def rules_document():
-    """GET /rules: the decision, dispatch order, evidence fields, verbs, bounds and every reason code."""
-    return {
+    """GET /rules: the decision and confidence functions over signals, dispatch order, evidence fields, verbs,
+    bounds, every kind's table of checks, and every reason code."""
+    evidence = {kind: _evidence_fields(*fields) for kind, fields in EVIDENCE.items()}
+    api_words = {"success": sorted(_OK_WORDS), "failure": sorted(_FAIL_WORDS)}
+    verbs = dict(VERB_CLASSES, api_call=api_words)
+    checks = {kind: _check_rows(table) for kind, table in CHECKS.items()}
+    codes = {code: reason._asdict() for code, reason in REASONS.items()}
+    rules = {
         "decision": DECISION,
         "confidence": CONFIDENCE,
+        "signals": SIGNALS_DOC,
         "bounds": BOUNDS,
         "dispatch_order": DISPATCH,
-        "evidence": {k: {"fields": sorted(f), "needs_one_of": g} for k, (f, g) in EVIDENCE.items()},
-        "verbs": dict(VERB_CLASSES, api_call={"success": sorted(_OK_WORDS), "failure": sorted(_FAIL_WORDS)}),
-        "reason_codes": {c: dict(kind=k, signal=_SIGNAL_NAMES[s], meaning=m) for c, (k, s, m) in REASONS.items()},
+        "evidence": evidence,
+        "verbs": verbs,
+        "checks": checks,
+        "reason_codes": codes,
     }
+    return rules
 
 
 def spec_document(sandbox):
     """GET /spec: tool schema, kinds, verdicts, receipt fields, the canonical form, limits, endpoints, and what the
     sandbox enforces."""
-    return {
+    receipt = {
+        "schema": SCHEMA,
+        "fields": RECEIPT_FIELDS,
+        "verify": "POST /receipts/verify {\"receipt\": {}} or verify_action.py verify-receipt FILE --key-file F",
+        "recompute": "GET /rules' decision and confidence over a receipt's signals give its verdict and confidence.",
+        "canonicalization": (
+            "RFC 8785 (JCS): keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal "
+            "escapes, UTF-8. Numbers are doubles, so a request with an integer beyond +-(2^53 - 1) is refused "
+            "(400, I-JSON, RFC 7493): two such integers could otherwise hash alike."
+        ),
+    }
+    limits = {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH,
+              "integer_magnitude_max": MAX_INT}
+    endpoints = ["%s %s" % (method, path) for path, method in ROUTES.items()]
+    verdicts = {"aar_verdict": VERDICTS, "legacy_verdict": LEGACY}
+    spec = {
         "name": "verify_action.py",
         "version": VERSION,
         "sandbox": sandbox,
@@ -1736,32 +4051,61 @@ def spec_document(sandbox):
         "tool": TOOL,
         "kinds": KINDS,
         "evidence": _EVIDENCE_DOC,
-        "verdicts": {"aar_verdict": VERDICTS, "legacy_verdict": LEGACY},
-        "receipt": {
-            "schema": SCHEMA,
-            "fields": RECEIPT_FIELDS,
-            "verify": "POST /receipts/verify {\"receipt\": {}} or verify_action.py verify-receipt FILE --key-file F",
-            "canonicalization": (
-                "RFC 8785 (JCS): keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal "
-                "escapes, UTF-8. Numbers are doubles, so a request with an integer beyond +-(2^53 - 1) is refused "
-                "(400, I-JSON, RFC 7493): two such integers could otherwise hash alike."
-            ),
-        },
-        "limits": {
-            "claim_chars": MAX_CLAIM,
-            "context_chars": MAX_CONTEXT,
-            "json_depth": MAX_DEPTH,
-            "integer_magnitude_max": MAX_INT,
-        },
-        "endpoints": ["%s %s" % (method, path) for path, method in ROUTES.items()],
+        "verdicts": verdicts,
+        "receipt": receipt,
+        "limits": limits,
+        "endpoints": endpoints,
         "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]},
     }
+    return spec
 
 
-_rpc_error = lambda msg_id, code, message: {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
-_text_content = lambda text: {"type": "text", "text": text}
-_json_text = lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+def _rpc_error(msg_id, code, message):
+    """A JSON-RPC error reply."""
+    error = {"code": code, "message": message}
+    return {"jsonrpc": "2.0", "id": msg_id, "error": error}
+
+
+def _text_content(text):
+    """An MCP text content item."""
+    return {"type": "text", "text": text}
+
+
+def _json_text(obj):
+    """obj as compact JSON text (non-ASCII kept)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tool_error(error):
+    """The tools/call result for arguments that were refused: a tool execution error, so the model can correct them."""
+    text = "invalid arguments: %s: %s" % (error.code, error.message)
+    return {"content": [_text_content(text)], "isError": True}
+
+
 _MCP_ALONG = ("params", "arguments", "evidence")  # where a tools/call's evidence is (see canonical_members)
+_USE_VERSIONS = "use " + ", ".join(PROTOCOL_VERSIONS)
+_RECEIPT_BODY = frozenset(["receipt"])  # the only member of a POST /receipts/verify body
+_SERVER_INFO = {"name": "verify_action", "title": "verify_action.py", "version": VERSION}
+_INSTRUCTIONS = (
+    "Call verify_action with a claim and its evidence before acting on the claim. A receipt proves what was "
+    "judged, never that the claim is true."
+)
+
+
+def _receipt_of(body):
+    """The receipt of a POST /receipts/verify body, which must be {"receipt": {...}}; RequestError otherwise."""
+    shaped = isinstance(body, dict) and set(body) == _RECEIPT_BODY
+    receipt = body["receipt"] if shaped else None
+    need(isinstance(receipt, dict), "invalid_request", "the body must be {\"receipt\": {...}}")
+    return receipt
+
+
+def _valid_id(msg):
+    """Whether a JSON-RPC message's id, if it has one, is a string or an integer (not a bool)."""
+    msg_id = msg.get("id")
+    if isinstance(msg_id, bool):
+        return False
+    return "id" not in msg or isinstance(msg_id, (str, int))
 
 
 class Service(object):
@@ -1770,51 +4114,67 @@ class Service(object):
     sandbox = "off"  # what apply_sandbox enforces (GET /healthcheck and /spec say it)
 
     def __init__(self, keyring, issuer="verify_action.py", clock=time.time):
-        self.keyring, self.issuer, self.clock, self.started = keyring, issuer, clock, clock()
+        self.keyring = keyring
+        self.issuer = issuer
+        self.clock = clock
+        self.started = clock()
         self._lock = threading.Lock()
+        by_kind = dict.fromkeys(KINDS, 0)
+        by_verdict = dict.fromkeys(VERDICTS, 0)
         self.counts = {
             "verifications": 0,
-            "by_kind": dict.fromkeys(KINDS, 0),
-            "by_verdict": dict.fromkeys(VERDICTS, 0),
+            "by_kind": by_kind,
+            "by_verdict": by_verdict,
             "receipt_checks": 0,
             "mcp_messages": 0,
             "errors_by_status": {},
         }
 
     def count(self, key, sub=None):
-        # One more in a GET /stats counter (never request content).
+        """One more in a GET /stats counter (never request content)."""
         with self._lock:
-            table, name = (self.counts, key) if sub is None else (self.counts[key], sub)
+            table = self.counts if sub is None else self.counts[key]
+            name = key if sub is None else sub
             table[name] = table.get(name, 0) + 1
 
     def stats(self):
-        # GET /stats: a copy of the counters and the uptime.
+        """GET /stats: a copy of the counters and the uptime."""
         with self._lock:
-            return dict(json.loads(json.dumps(self.counts)), uptime_s=round(self.clock() - self.started, 3))
+            counts = json.loads(json.dumps(self.counts))
+        uptime = self.clock() - self.started
+        counts["uptime_s"] = round(uptime, 3)
+        return counts
 
     def verify(self, request, members=None):
-        # Judge a validated request and sign the result: the /verify response. members: the request's
-        # canonical_members, made once (by strict_parse, or here) for the rules and the receipt.
+        """Judge a validated request and sign the result: the /verify response. members: the request's
+        canonical_members, made once (by strict_parse, or here) for the rules and the receipt."""
         members = members or canonical_members(request)
-        kind = dispatch_kind(request["evidence"], request.get("kind"))
-        codes, details, verdict, confidence = judge(kind, request["claim"], request["evidence"], members["evidence"])
-        unique = list(dict.fromkeys(codes))
-        receipt = issue_receipt(
-            request, kind, verdict, confidence, unique, self.keyring, self.issuer, self.clock(), members
-        )
-        for key, sub in (("verifications", None), ("by_kind", kind), ("by_verdict", verdict)):
-            self.count(key, sub)
-        return {
+        evidence = request["evidence"]
+        kind = dispatch_kind(evidence, request.get("kind"))
+        judgement = judge(kind, request["claim"], evidence, members["evidence"])
+        verdict = judgement.verdict
+        receipt = issue_receipt(request, judgement, self.keyring, self.issuer, self.clock(), members)
+        self.count("verifications")
+        self.count("by_kind", kind)
+        self.count("by_verdict", verdict)
+        meanings = " ".join(REASONS[code].summary for code in judgement.codes)
+        legacy = LEGACY[verdict]
+        signals = receipt["signals"]  # as the receipt signs them
+        reasoning = "%s (%s): %s" % (verdict, kind, meanings)
+        verifier = kind + "_v1"
+        response = {
             "aar_verdict": verdict,
-            "verdict": LEGACY[verdict],
-            "confidence": confidence,
-            "reason_codes": unique,
-            "reasoning": "%s (%s): %s" % (verdict, kind, " ".join(REASONS[c][2] for c in unique)),
+            "verdict": legacy,
+            "confidence": judgement.confidence,
+            "reason_codes": judgement.codes,
+            "signals": signals,
+            "reasoning": reasoning,
             "kind_dispatched": kind,
-            "verifier_used": kind + "_v1",
-            "details": details,
+            "verifier_used": verifier,
+            "details": judgement.details,
             "receipt": receipt,
         }
+        return response
 
     def post(self, path, raw, headers):
         """(status, JSON object, or None for an empty 202) for a POST body to path."""
@@ -1822,101 +4182,145 @@ class Service(object):
             return self._post(path, raw, headers)
 
     def _post(self, path, raw, headers):
-        if path == "/mcp" and headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0]) not in PROTOCOL_VERSIONS:
-            return 400, {"error": "unsupported_protocol_version", "message": "use " + ", ".join(PROTOCOL_VERSIONS)}
+        """post, with the collector paused."""
+        version = headers.get("mcp-protocol-version", PROTOCOL_VERSIONS[0])
+        if path == "/mcp" and version not in PROTOCOL_VERSIONS:
+            return 400, {"error": "unsupported_protocol_version", "message": _USE_VERSIONS}
+        along = _MCP_ALONG if path == "/mcp" else ("evidence",)
         try:
-            obj, members = strict_parse(raw, along=_MCP_ALONG if path == "/mcp" else ("evidence",))
+            obj, members = strict_parse(raw, along=along)
             if path == "/mcp":  # mcp() answers every message itself
-                reply = self.mcp(obj, members)
-                return (202, None) if reply is None else (200, reply)
+                return self._mcp_reply(obj, members)
             if path == "/verify":
                 return 200, self.verify(validate_request(obj), members)
-            if not isinstance(obj, dict) or set(obj) != {"receipt"} or not isinstance(obj["receipt"], dict):
-                raise RequestError("invalid_request", "the body must be {\"receipt\": {...}}")
+            receipt = _receipt_of(obj)
         except RequestError as e:
             if path == "/mcp":  # over MCP a parse error is a JSON-RPC error, not an HTTP 400
                 return 200, _rpc_error(None, -32700, "Parse error: " + e.message)
             return 400, {"error": e.code, "message": e.message}
         self.count("receipt_checks")
-        return 200, dict(zip(("valid", "reason", "kid"), verify_receipt(obj["receipt"], self.keyring)))
+        valid, reason, kid = verify_receipt(receipt, self.keyring)
+        return 200, {"valid": valid, "reason": reason, "kid": kid}
+
+    def _mcp_reply(self, obj, members):
+        """(status, reply) of one POST /mcp message: 202 and no body when it needs no reply."""
+        reply = self.mcp(obj, members)
+        if reply is None:
+            return 202, None
+        return 200, reply
 
     def mcp(self, msg, members=None, session=None):
-        # The JSON-RPC reply to a message, or None; session is None over HTTP (stateless), a dict over stdio.
+        """The JSON-RPC reply to a message, or None; session is None over HTTP (stateless), a dict over stdio."""
         if isinstance(msg, list):
-            if session is None or session.get("version") != "2025-03-26" or not msg:
-                return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
-            return [r for r in (self.mcp(m, None, session) for m in msg) if r is not None] or None
+            return self._batch(msg, session)
         self.count("mcp_messages")
         if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
             return _rpc_error(None, -32600, "Invalid Request")
-        msg_id, has_id = msg.get("id"), "id" in msg
+        msg_id = msg.get("id")
         if "method" not in msg:
             return None  # a response from the client: a tools-only server sends no requests
-        if has_id and (isinstance(msg_id, bool) or not isinstance(msg_id, (str, int))):
+        if not _valid_id(msg):
             return _rpc_error(None, -32600, "Invalid Request: id must be a string or an integer")
         if not isinstance(msg["method"], str):
             return _rpc_error(msg_id, -32600, "Invalid Request: method")
-        if not has_id:
+        if "id" not in msg:
             return None  # notifications are never answered
+        params_members = (members or {}).get("params")  # canonical_members of the message, along _MCP_ALONG
+        params = msg.get("params", {})
         try:
-            params_members = (members or {}).get("params")  # canonical_members of the message, along _MCP_ALONG
-            result = self._method(msg["method"], msg.get("params", {}), session, params_members)
-            return dict(jsonrpc="2.0", id=msg_id, result=result)
+            result = self._method(msg["method"], params, session, params_members)
         except RequestError as e:
             return _rpc_error(msg_id, e.code, e.message)
         except Exception:
             return _rpc_error(msg_id, -32603, "Internal error")
+        return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+
+    def _batch(self, msgs, session):
+        """The replies to a batch: only over stdio under protocol 2025-03-26, and never an empty one."""
+        version = (session or {}).get("version")
+        if version != "2025-03-26" or not msgs:
+            return _rpc_error(None, -32600, "Invalid Request: batches are not supported")
+        replies = [self.mcp(msg, None, session) for msg in msgs]
+        return [reply for reply in replies if reply is not None] or None
 
     def _method(self, method, params, session, members):
+        """The result of one JSON-RPC method; RequestError(code) for a JSON-RPC error."""
         need(isinstance(params, dict), -32602, "Invalid params: params must be an object")
         if method == "ping":
             return {}
-        if method != "initialize":
-            need(method in ("tools/list", "tools/call"), -32601, "Method not found")
-            need(session is None or session.get("version"), -32600, "Invalid Request: not initialized")
-            if method == "tools/list":
-                return {"tools": [TOOL]}
-            name, args = params.get("name"), params.get("arguments", {})
-            need(isinstance(name, str) and isinstance(args, dict), -32602, "Invalid params: name and arguments")
-            need(name == TOOL["name"], -32602, "Unknown tool")
-            try:  # with the canonical text of the arguments made by strict_parse, if it has them
-                args_members = members.get("arguments") if isinstance(members, dict) else None
-                result = self.verify(validate_request(args), args_members if isinstance(args_members, dict) else None)
-            except RequestError as e:  # a tool execution error, so the model can correct its arguments
-                return {"content": [_text_content("invalid arguments: %s: %s" % (e.code, e.message))], "isError": True}
-            return {"content": [_text_content(_json_text(result))], "structuredContent": result, "isError": False}
-        # initialize negotiates the protocol version: the client's if supported, else our newest
+        if method == "initialize":
+            return self._initialize(params, session)
+        need(method in ("tools/list", "tools/call"), -32601, "Method not found")
+        initialized = session is None or session.get("version")
+        need(initialized, -32600, "Invalid Request: not initialized")
+        if method == "tools/list":
+            return {"tools": [TOOL]}
+        return self._call_tool(params, members)
+
+    def _call_tool(self, params, members):
+        """tools/call: the /verify response as structuredContent and as text, or a tool error for bad arguments."""
+        name = params.get("name")
+        args = params.get("arguments", {})
+        shaped = isinstance(name, str) and isinstance(args, dict)
+        need(shaped, -32602, "Invalid params: name and arguments")
+        need(name == TOOL["name"], -32602, "Unknown tool")
+        made = (members or {}).get("arguments")  # the arguments' canonical_members, made by strict_parse
+        try:
+            result = self.verify(validate_request(args), made if isinstance(made, dict) else None)
+        except RequestError as e:
+            return _tool_error(e)
+        content = [_text_content(_json_text(result))]
+        return {"content": content, "structuredContent": result, "isError": False}
+
+    def _initialize(self, params, session):
+        """initialize: the protocol version negotiated (the client's if supported, else our newest)."""
         asked = params.get("protocolVersion")
         need(isinstance(asked, str), -32602, "Invalid params: protocolVersion must be a string")
-        need(session is None or not session.get("version"), -32600, "Invalid Request: already initialized")
+        fresh = session is None or not session.get("version")
+        need(fresh, -32600, "Invalid Request: already initialized")
         version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]
         if session is not None:
             session["version"] = version
-        return {
+        result = {
             "protocolVersion": version,
             "capabilities": {"tools": {"listChanged": False}},
-            "serverInfo": {"name": "verify_action", "title": "verify_action.py", "version": VERSION},
-            "instructions": "Call verify_action with a claim and its evidence before acting on the claim. "
-            "A receipt proves what was judged, never that the claim is true.",
+            "serverInfo": _SERVER_INFO,
+            "instructions": _INSTRUCTIONS,
         }
+        return result
+
+
+def _skip_rest(line, inp, max_line):
+    """Read on past the end of an oversized stdio message (line: its start)."""
+    while line and not line.endswith(b"\n"):
+        line = inp.readline(max_line)
+
+
+def _stdio_reply(service, line, session, inp, max_line):
+    """The reply to one stdio line (None for none); an oversized line's rest is skipped."""
+    try:
+        if len(line) > max_line and not line.endswith(b"\n"):
+            _skip_rest(line, inp, max_line)
+            _bad_json("message too large")
+        if not line.strip():
+            return None
+        with _REQUEST:
+            return service.mcp(*strict_parse(line, along=_MCP_ALONG), session=session)
+    except RequestError as e:
+        return _rpc_error(None, -32700, "Parse error: " + e.message)
+
 
 def serve_stdio(service, inp, out, max_line=4 << 20):
     """MCP over stdio: newline-delimited JSON-RPC from inp, replies to out, until EOF or the client goes."""
     session = {}
     for line in iter(lambda: inp.readline(max_line + 1), b""):
+        reply = _stdio_reply(service, line, session, inp, max_line)
+        if reply is None:
+            continue
+        text = _json_text(reply).encode("utf-8")
         try:
-            if len(line) > max_line and not line.endswith(b"\n"):
-                while line and not line.endswith(b"\n"):  # skip the rest of an oversized message
-                    line = inp.readline(max_line)
-                _bad_json("message too large")
-            with _REQUEST:
-                reply = service.mcp(*strict_parse(line, along=_MCP_ALONG), session=session) if line.strip() else None
-        except RequestError as e:
-            reply = _rpc_error(None, -32700, "Parse error: " + e.message)
-        try:
-            if reply is not None:
-                out.write(_json_text(reply).encode("utf-8") + b"\n")
-                out.flush()
+            out.write(text + b"\n")
+            out.flush()
         except (BrokenPipeError, ValueError):
             return  # the client has gone
 
@@ -2028,22 +4432,51 @@ _PAGE_TYPES = {  # the page and its own files: path -> content type
 }
 
 
+_RULES_ROW = "<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>"
+_ESCAPED = ("proves", "not_proves", "example", "decision", "confidence")  # the page's fields of text, not HTML
+
+
+def _rules_row(code, reason):
+    """One row of the page's rules table: a reason code, its kinds, effect and meaning."""
+    kinds = html.escape(reason["kind"])
+    meaning = html.escape(reason["meaning"])
+    return _RULES_ROW % (code, kinds, reason["effect"], meaning)
+
+
+def _by_kind(item):
+    """The order of the page's rules table: by kinds, then by code."""
+    code, reason = item
+    return reason["kind"], code
+
+
+def _rules_rows(codes):
+    """The rows of the page's rules table, for rules_document's reason codes."""
+    ordered = sorted(codes.items(), key=_by_kind)
+    return "\n".join(itertools.starmap(_rules_row, ordered))
+
+
 def render_page():
-    """GET /: what a receipt proves and does not, a form to try a request (its script /page.js), the rules table."""
-    rows = "\n".join(
-        "<tr><td><code>%s</code></td><td>%s</td><td>%s</td><td>%s</td></tr>" % (c, k, _SIGNAL_NAMES[s], html.escape(m))
-        for c, (k, s, m) in sorted(REASONS.items(), key=lambda item: (item[1][0], item[0]))
-    )
-    return _PAGE % {
+    """GET /: what a receipt proves and does not, a form to try a request (its script /page.js), the rules table
+    (from rules_document: each reason code's kinds, effect and meaning)."""
+    rules = rules_document()
+    rows = _rules_rows(rules["reason_codes"])
+    kinds = "".join("<option>%s</option>" % kind for kind in KINDS)
+    example = json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)
+    decision = rules["decision"] + " " + rules["signals"]
+    confidence_text = rules["confidence"]
+    fields = {
         "version": VERSION,
-        "proves": html.escape(PROVES),
-        "not_proves": html.escape(NOT_PROVES),
-        "kinds": "".join("<option>%s</option>" % k for k in KINDS),
-        "example": html.escape(json.dumps({"diff": _EXAMPLE_DIFF}, indent=1)),
-        "decision": html.escape(DECISION),
-        "confidence": html.escape(CONFIDENCE),
+        "proves": PROVES,
+        "not_proves": NOT_PROVES,
+        "kinds": kinds,
+        "example": example,
+        "decision": decision,
+        "confidence": confidence_text,
         "rows": rows,
     }
+    for name in _ESCAPED:
+        fields[name] = html.escape(fields[name])
+    return _PAGE % fields
 
 
 def _is_loopback(host):
