@@ -2092,6 +2092,141 @@ class Fairness(unittest.TestCase):
             thread.join(5)
 
 
+def client_from(source, port, timeout=5, rcvbuf=None):
+    """A connected client socket bound to the local address source (127.0.0.2, ...); rcvbuf: its receive buffer."""
+    s = socket.socket()
+    try:
+        if rcvbuf:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.settimeout(timeout)
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def exchange_from(source, port, data=b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n"):
+    """(status, error code or None) of one request sent from the local address source."""
+    s = client_from(source, port)
+    try:
+        s.sendall(data)
+        f = s.makefile("rb")
+        status, _, raw = read_response(f)
+        f.close()
+    finally:
+        s.close()
+    return status, json.loads(raw).get("error") if status >= 400 else None
+
+
+def other_loopback_addresses():
+    """127.0.0.2 and 127.0.0.3 where clients can bind them (Linux: all of 127/8; macOS: only 127.0.0.1)."""
+    for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+        s = socket.socket()
+        try:
+            s.bind((source, 0))
+        except OSError:
+            raise unittest.SkipTest("this system cannot bind %s" % source)
+        finally:
+            s.close()
+
+
+class HostileClients(unittest.TestCase):
+    """Clients that pipeline requests and never read the answers, and one address that opens every connection it can:
+    neither holds a worker or another client's connection (spec section 10, HTTP)."""
+
+    def wait_until_closed(self, server, open_at_most):
+        end = time.monotonic() + 10  # a hang guard, not a measure: the deadlines here are a fraction of a second
+        while server._open > open_at_most and time.monotonic() < end:
+            time.sleep(0.05)
+        return server._open
+
+    def test_clients_that_pipeline_and_never_read_hold_no_worker(self):
+        server, thread = in_process_server(workers=2, queue_wait=0.5, write_deadline=0.5)
+        pipelined = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * (56 * 1024 // 27)  # about 56 KB of requests
+        hogs = []
+        try:
+            for _ in range(32):
+                hog = client_from("127.0.0.1", server.port, rcvbuf=4096)
+                try:
+                    hog.sendall(pipelined)
+                except socket.timeout:  # the service stopped reading it: it has pipelined enough
+                    pass
+                hogs.append(hog)
+            body = json.dumps({"claim": "x", "evidence": {}}).encode()
+            for _ in range(6):  # before: 503 after queue_wait, every worker blocked writing to a client that never reads
+                time.sleep(0.1)  # while the hogs' buffers fill, and after
+                self.assertEqual(raw_exchange(server.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")[0], 200)
+                self.assertEqual(raw_exchange(server.port, post_bytes(body))[0], 200)
+            # each one's response could not be written within the write deadline: its connection is closed, while the
+            # clients still hold theirs
+            self.assertEqual(self.wait_until_closed(server, 0), 0)
+            for hog in hogs:
+                hog.close()
+            self.assertEqual(raw_exchange(server.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")[0], 200)
+        finally:
+            for hog in hogs:
+                hog.close()
+            server.shutdown()
+            thread.join(5)
+
+    def test_a_response_the_socket_cannot_take_at_once_is_written_by_the_selector(self):
+        # a client that reads slowly still gets every byte of a response larger than the socket takes at once
+        server, thread = in_process_server(workers=1)
+        s = client_from("127.0.0.1", server.port, rcvbuf=4096)
+        try:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 20)  # 20 pages, pipelined
+            time.sleep(0.3)  # the buffers fill; then the client reads everything
+            f = s.makefile("rb")
+            pages = [read_response(f) for _ in range(20)]
+            self.assertEqual({(status, len(body)) for status, _, body in pages}, {(200, len(va.render_page().encode()))})
+            f.close()
+        finally:
+            s.close()
+            server.shutdown()
+            thread.join(5)
+
+    def test_one_address_cannot_take_every_connection(self):
+        other_loopback_addresses()
+        server, thread = in_process_server(max_conns=8, max_conns_per_client=3)
+        held = []
+        try:
+            held += [client_from("127.0.0.2", server.port) for _ in range(3)]  # its whole share, left idle
+            for _ in range(12):  # however many more it opens, each gets 503 at once and is closed
+                self.assertEqual(exchange_from("127.0.0.2", server.port), (503, "service_unavailable"))
+            # before: one address could fill the table, and every other client got 503
+            self.assertEqual(exchange_from("127.0.0.3", server.port), (200, None))
+            held[0].sendall(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")  # its own connections are served
+            f = held[0].makefile("rb")
+            self.assertEqual(read_response(f)[0], 200)
+            f.close()
+            self.wait_until_closed(server, 3)  # the 127.0.0.3 client has closed its connection
+            self.assertEqual((server._open, dict(server._peers)), (3, {"127.0.0.2": 3}))
+        finally:
+            for s in held:
+                s.close()
+            server.shutdown()
+            thread.join(5)
+
+    def test_the_whole_table_is_still_shared(self):
+        other_loopback_addresses()
+        server, thread = in_process_server(max_conns=5, max_conns_per_client=3)
+        held = []
+        try:
+            held += [client_from(source, server.port) for source in ("127.0.0.2",) * 3 + ("127.0.0.3",) * 2]
+            self.wait_until_closed(server, 4)  # (all five are accepted by now; see the next line)
+            self.assertEqual(exchange_from("127.0.0.4", server.port), (503, "service_unavailable"))
+            held.pop().close()  # one slot frees up when a client leaves
+            self.assertEqual(self.wait_until_closed(server, 4), 4)
+            self.assertEqual(exchange_from("127.0.0.4", server.port), (200, None))
+        finally:
+            for s in held:
+                s.close()
+            server.shutdown()
+            thread.join(5)
+
+
 class IdleAndDefaults(unittest.TestCase):
     def test_idle_keepalive_connection_is_closed(self):
         server, thread = in_process_server(idle_timeout=0.5)
@@ -2158,7 +2293,8 @@ class Cli(unittest.TestCase):
         os.rmdir(self.dir)
 
     def test_200_keepalive_connections_answered_with_bounded_threads(self):
-        srv = ServerProcess("--key-file", self.keyfile)
+        # all from 127.0.0.1: one address, so its share of the table is raised from the default 64
+        srv = ServerProcess("--key-file", self.keyfile, "--max-conns-per-client", "200")
         try:
             self.assertNotIn(b"ephemeral", srv.stderr)
             body = json.dumps({"claim": "Added null check for `user.email` in src/user.py", "evidence": {"diff": D_USER}}).encode()
@@ -2178,6 +2314,30 @@ class Cli(unittest.TestCase):
                 s.close()
         finally:
             srv.close()
+
+    def test_one_address_gets_64_connections_by_default(self):
+        srv = ServerProcess()
+        socks = []
+        try:
+            socks += [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(va.MAX_CONNS_PER_CLIENT)]
+            for s in socks[:2]:  # all are accepted: they are answered
+                s.sendall(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
+                f = s.makefile("rb")
+                self.assertEqual(read_response(f)[0], 200)
+                f.close()
+            status, _, raw = raw_exchange(srv.port, b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertEqual((status, json.loads(raw)), (503, {"error": "service_unavailable",
+                                                               "message": "too many connections from this address"}))
+        finally:
+            for s in socks:
+                s.close()
+            srv.close()
+        run = lambda *a: subprocess.run([PY, SCRIPT, "--port", "0"] + list(a), capture_output=True, timeout=20,
+                                        stdin=subprocess.DEVNULL)
+        for bad in ("0", str(va.MAX_CONNS + 1)):
+            r = run("--max-conns-per-client", bad)
+            self.assertEqual((r.returncode, r.stderr.strip()), (2, b"verify_action.py: error: --max-conns-per-client "
+                                                                   b"must be 1-%d" % va.MAX_CONNS))
 
     def test_token_file_and_key_ring_over_the_real_script(self):
         srv = ServerProcess("--key-file", self.keyfile, "--token-file", self.token, "--issuer", "gate-1",
