@@ -133,149 +133,286 @@ def decide(codes):
 # ============================================================================================================
 # §2 Canonical JSON (RFC 8785) and hashing
 # ============================================================================================================
+# The RFC 8785 text of a parsed value is json.dumps's (in C), keys sorted and compact, with two corrections:
+# - numbers: json.dumps writes a float as repr does, RFC 8785 as ECMAScript does; _es_floats lays them out again;
+# - key order: json.dumps sorts keys by code point, RFC 8785 by UTF-16 code unit; where the two can differ the text
+#   is written from a twin of the value whose astral characters carry a mark (_MARK, _marked_text).
+# _jcs writes the same text in pure Python, for single values and receipts. The tests check both against an
+# independent implementation, on random values.
 
-_encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text; unrolled: the parts never overlap
-# An integer that may reach 2^53 (ECMAScript writes it as a double: 2^60 is 1152921504606847000); from a run's start.
-_BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
-# json.dumps sorts keys by code point, RFC 8785 by UTF-16 code unit. The orders differ only between a character of
-# U+E000-U+FFFF and an astral one (above U+FFFF as a code point, a surrogate D800-DFFF as code units); these find
-# both in UTF-8 JSON text, escaped (\uE000; a high surrogate) or by an astral character's lead byte.
-_HIGH_ESCAPE, _ASTRAL_ESCAPE, _ASTRAL_LEAD = (
-    re.compile(rb"\\u[eEfF]"),
-    re.compile(rb"(\\u[dD][89abAB])"),  # split at, in _marked_text
-    re.compile(rb"[\xf0-\xf4]"),
+
+def _sha(data):
+    """'sha256:' and the hex SHA-256 of bytes."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _b64url(data):
+    """Unpadded base64url of bytes, as text."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+_encode_str = json.encoder.encode_basestring  # RFC 8785 strings: only " \ and controls escaped, \u00xx lowercase
+_SORTED = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"),
+                           check_circular=False)
+_INFINITY = float("inf")
+_EXACT = 2 ** 53  # integers below it in magnitude are written as they are
+
+# ---- numbers -----------------------------------------------------------------------------------------------
+# repr and ECMAScript write the same shortest round-trip digits; their layouts differ in these cases only
+# (repr -> ECMAScript): an integral value (12.0 -> 12, -0.0 -> 0), exponents -7 to -9 (1e-07 -> 1e-7), and the
+# exponents ECMAScript writes out: -5 and -6 (1.5e-05 -> 0.000015) and +16 to +20 (1.5e+16 -> 15000000000000000).
+_FLOAT_LITERALS = (  # (repr's text, ECMAScript's) between strings, where a number always ends before , ] or }
+    ("-0.0,", "0,"), ("-0.0]", "0]"), ("-0.0}", "0}"),  # minus zero before ".0", which would leave "-0"
+    (".0,", ","), (".0]", "]"), (".0}", "}"),
+    ("e-07", "e-7"), ("e-08", "e-8"), ("e-09", "e-9"),
 )
-# A mark before each astral character makes code point order UTF-16 order: its first code point, U+DBFF, sorts against
-# any other character as an astral character's high surrogate does, and after it astral characters sort as in
-# UTF-16. Marks leave json.dumps's text by one replace, so input must not be able to make one (an input's lone
-# surrogate stays, to be refused). Keys marked in place take _MARK, a surrogate pair as two code points: json.loads
-# joins escaped pairs, and strict_parse refuses raw surrogates. Marked JSON text takes _TEXT_MARK, written as
-# _TEXT_MARK_JSON: an escaped lone U+DBFF and U+10FFFF; input cannot make it either, as every astral character in
-# marked text has a mark before it. _SEPARATOR is never in parsed text.
-_MARK, _TEXT_MARK, _SEPARATOR = "\udbff\udfff", "\udbff\U0010ffff", "\ud800\udc00"
-_TEXT_MARK_JSON, _ASTRAL_CHAR = b"\\udbff" + "\U0010ffff".encode(), re.compile("([\U00010000-\U0010ffff])")
-# a float whose repr and ECMAScript forms differ (see _ES_LITERALS): integral, or with some exponents
-_FLOAT_FORMS = re.compile(r"\.0[,\]}]|e-0[5-9]|e\+(?:1[6-9]|20)(?![0-9])")
-_SORTED = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
+# The numbers ECMAScript writes out, read reversed ("1.5e+16" reads "61+e5.1"): each starts at its exponent, and the
+# zeros ECMAScript adds after its digits come before them, so a %-format lays them out again, reversed.
+_SMALL_DIGITS = r"([0-9]*)\.?([0-9])"  # after e-05 or e-06, reversed: the other digits, the first digit
+_LARGE_DIGITS = r"([0-9]*)\."  # after e+16 to e+20, reversed: the digits after the point (see _whole_large)
+_WRITTEN_OUT = (  # (exponent, its digits in reversed text, their layout, reversed)
+    ("e-05", _SMALL_DIGITS, "%s%s0000.0"),  # 1.5e-05: "5", "1" -> "510000.0"
+    ("e-06", _SMALL_DIGITS, "%s%s00000.0"),
+    ("e+16", _LARGE_DIGITS, "%16s"),  # 1.5e+16: "5" -> 15 spaces and "5"; the spaces become zeros
+    ("e+17", _LARGE_DIGITS, "%17s"),
+    ("e+18", _LARGE_DIGITS, "%18s"),
+    ("e+19", _LARGE_DIGITS, "%19s"),
+    ("e+20", _LARGE_DIGITS, "%20s"),
 )
 
 
-_sha = lambda data: "sha256:" + hashlib.sha256(data).hexdigest()
-_b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+def _from_exponent(exponent, digits):
+    """A pattern for reversed text: a number's exponent (reversed) where no digit precedes it (e+16 is not the end
+    of e+160), then the digits that follow it there. The exponent comes first, so a search finds it at once."""
+    backwards = re.escape(exponent[::-1])
+    return re.compile(backwards + "(?<![0-9]" + backwards + ")" + digits)
 
 
-def _es_number(x):
-    # A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires: integers below 2^53 as they are,
-    # any other as a double (2^60 is 1152921504606847000), in repr's digits laid out by _ES_LAYOUT.
-    if isinstance(x, int) and -(2**53) < x < 2**53:
-        return str(x)
-    if x != x or x in (float("inf"), float("-inf")):
-        raise ValueError("NaN and Infinity have no canonical JSON form")
-    text = repr(float(x))  # in the layouts' common ground (no exponent, not integral) repr is ECMAScript's form
-    return "0" if x == 0 else text if "e" not in text and not text.endswith(".0") else _es_floats("[%s]" % text)[1:-1]
+_WRITTEN_OUT_PATTERN = {exponent: _from_exponent(exponent, digits) for exponent, digits, _ in _WRITTEN_OUT}
 
 
-def _jcs(v):
-    # The exact RFC 8785 text of a JSON value, in pure Python.
-    if isinstance(v, str):
-        return _encode_str(v)
-    if v is None or isinstance(v, bool):
-        return "null" if v is None else "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return _es_number(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_jcs(i) for i in v) + "]"
-    if not isinstance(v, dict):
-        raise TypeError("not a JSON value: %s" % type(v).__name__)
-    return "{" + ",".join(  # keys in UTF-16 code unit order (marked ones too: see _MARK)
-        _encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
-    ) + "}"
+def _split_at_strings(text):
+    """json.dumps text split at its strings' quotes: the odd parts are the strings' contents. Escaped backslashes
+    and quotes are masked first (as \x01 and \x02, which json.dumps escapes, so they are free)."""
+    masked = text.replace("\\\\", "\x01").replace('\\"', "\x02")
+    return masked.split('"')
 
 
-# json.dumps writes a float as repr does, JCS as ECMAScript does: the same shortest round-trip digits in another
-# layout. They differ in five forms: 1.5e-05 is 0.000015 (and -06), 1.5e+16 is 15000000000000000 (up to e+20), 12.0
-# is 12, -0.0 is 0, 1e-07 is 1e-7 (and -08, -09). Each of the first two is a regex split (the mantissa's first digit,
-# the point dropped, its other digits; the exponent dropped) and one %-format that lays the pieces out again, zeros
-# added (5 of 1.5e+16 is padded by '%-16s' with spaces, which become zeros). The others, and 1e+16, are literal
-# replacements: between strings a number always precedes one of , ] }. No Python code runs for each number.
-_ES_FORMS = [  # (a substring the form needs, its pattern, how one match is laid out)
-    (exponent, re.compile(r"([0-9])\.?([0-9]*)" + exponent), zeros + "%s%s%s")
-    for exponent, zeros in (("e-05", "0.0000"), ("e-06", "0.00000"))
-] + [("e+%d" % e, re.compile(r"\.([0-9]*)e\+%d(?![0-9])" % e), "%%-%ds%%s" % e) for e in range(16, 21)]
-_ES_LITERALS = [  # (a substring they need, (repr's text, ECMAScript's) in order), after _ES_FORMS
-    (".0", [("-0.0" + end, "0" + end) for end in ",]}"] + [(".0" + end, end) for end in ",]}"]),
-    ("e-0", [("e-0%d" % digit, "e-%d" % digit) for digit in (7, 8, 9)]),
-] + [("e+%d" % e, [("e+%d%s" % (e, end), "0" * e + end) for end in ",]}"]) for e in range(16, 21)]
-
-
-def _es_floats(text):
-    # json.dumps text with its floats in ECMAScript layout. Strings are set aside by splitting at quotes, once
-    # escaped backslashes and quotes are masked (json.dumps escapes \x01 \x02 \x03, so they are free as masks).
-    parts = text.replace("\\\\", "\x01").replace('\\"', "\x02").split('"')
-    outside = "\x03".join(parts[0::2])  # the text between strings: no space, no %
-    for needed, pattern, layout in _ES_FORMS:
-        pieces = pattern.split(outside) if needed in outside else [outside]
-        outside = ("%s" + layout * ((len(pieces) - 1) // (pattern.groups + 1))) % tuple(pieces)
-    for needed, replacements in _ES_LITERALS:
-        for old, new in replacements if needed in outside else ():
-            outside = outside.replace(old, new)
-    parts[0::2] = outside.replace(" ", "0").split("\x03")
+def _join_at_strings(parts):
+    """The inverse of _split_at_strings."""
     return '"'.join(parts).replace("\x02", '\\"').replace("\x01", "\\\\")
 
 
+def _written_out(outside, rows):
+    """The text between strings with the numbers of the exponents in rows (of _WRITTEN_OUT) written out: for each
+    exponent, one split of the reversed text and one %-format, both in C."""
+    backwards = outside[::-1]
+    for exponent, _, layout in rows:
+        pieces = _WRITTEN_OUT_PATTERN[exponent].split(backwards)  # text, then (the digits' groups, text) for each
+        numbers = len(pieces) // (_WRITTEN_OUT_PATTERN[exponent].groups + 1)
+        layouts = (layout + "%s") * numbers
+        backwards = ("%s" + layouts) % tuple(pieces)
+    return backwards[::-1].replace(" ", "0")
+
+
+def _whole_large(outside, exponent):
+    """The text between strings with its numbers of exponent +16 to +20 that have no fraction written out (1e+16 is 1
+    and 16 zeros): a literal replacement, as a number always ends before , ] or } (so e+16 is not read in e+160)."""
+    zeros = "0" * int(exponent[2:])
+    for end in ",]}":
+        outside = outside.replace(exponent + end, zeros + end)
+    return outside
+
+
+def _es_floats(text):
+    """json.dumps text with its floats laid out as ECMAScript lays them out (see _FLOAT_LITERALS)."""
+    parts = _split_at_strings(text)
+    outside = "\x03".join(parts[0::2])  # numbers, literals and punctuation: no space, no \x03
+    for repr_text, es_text in _FLOAT_LITERALS:
+        outside = outside.replace(repr_text, es_text)
+    present = [row for row in _WRITTEN_OUT if row[0] in outside]
+    patterned = present
+    if "." not in outside:  # no fraction anywhere: the large exponents' patterns, which need one, cannot match
+        patterned = [row for row in present if row[1] == _SMALL_DIGITS]
+    if patterned:
+        outside = _written_out(outside, patterned)
+    for exponent, digits, _ in present:
+        if digits == _LARGE_DIGITS:  # those with a fraction are written out already
+            outside = _whole_large(outside, exponent)
+    parts[0::2] = outside.split("\x03")
+    return _join_at_strings(parts)
+
+
+def _es_number(x):
+    """A number as ECMAScript's Number.prototype.toString writes it, as RFC 8785 requires: an integer below 2^53 as
+    it is, any other as a double (2^60 is 1152921504606847000). ValueError for NaN and the infinities."""
+    if isinstance(x, int) and -_EXACT < x < _EXACT:
+        return str(x)
+    if x != x or x in (_INFINITY, -_INFINITY):
+        raise ValueError("NaN and Infinity have no canonical JSON form")
+    if x == 0:
+        return "0"
+    text = repr(float(x))
+    if "e" not in text and not text.endswith(".0"):
+        return text  # positional with a fraction: written alike
+    return _es_floats("[%s]" % text)[1:-1]
+
+
+def _utf16_order(key):
+    """A key's sort key in RFC 8785: its UTF-16 code units (big-endian bytes sort as the units do)."""
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _jcs(v):
+    """The RFC 8785 text of a JSON value, in pure Python."""
+    if isinstance(v, str):
+        return _encode_str(v)
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return _es_number(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(map(_jcs, v)) + "]"
+    if not isinstance(v, dict):
+        raise TypeError("not a JSON value: %s" % type(v).__name__)
+    keys = sorted(v, key=_utf16_order)
+    members = [_encode_str(key) + ":" + _jcs(v[key]) for key in keys]
+    return "{" + ",".join(members) + "}"
+
+
+# ---- key order ---------------------------------------------------------------------------------------------
+# Code point and UTF-16 order differ only between a character of U+E000-U+FFFF and an astral one (above U+FFFF),
+# which UTF-16 writes as a surrogate pair (D800-DFFF), and so sorts first. A mark before each astral character makes
+# code point order UTF-16 order: its first code point, U+DBFF, sorts against any other character as a high
+# surrogate does, and after equal marks astral characters compare as in UTF-16. The mark's U+10FFFF makes its
+# removal exact: every U+10FFFF of the input has a mark before it, so no U+DBFF of the input stands before one.
+_MARK = "\udbff\U0010ffff"
+_MARK_JSON = b"\\udbff\xf4\x8f\xbf\xbf"  # _MARK in UTF-8 JSON text: an escaped lone U+DBFF, then U+10FFFF
+# Keys marked in place, in a parsed value, take _KEY_MARK instead: no parsed text holds it, as json.loads joins an
+# escaped surrogate pair into one character and UTF-8 text holds no surrogate.
+_KEY_MARK = "\udbff\udfff"
+_BEFORE_ASTRAL = re.compile("(?=[\U00010000-\U0010ffff])")
+_ESCAPED_HIGH_SURROGATE = re.compile(rb"(\\u[dD][89abAB])")
+_ASTRAL_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")  # the lead bytes of a 4-byte (astral) UTF-8 character
+_ESCAPED_HIGH_BMP = re.compile(rb"\\u[eEfF]")
+# The rest of a string, from an astral character to the next one (so each search is linear) or the string's end,
+# then a ':' after it: that string is a key. The two patterns start where an astral character does, as it is and
+# escaped; each starts with what a search can find at once.
+_TO_KEY_END = rb'[^"\\\xf0-\xf4]*(?:\\(?!u[dD][89abAB]).[^"\\\xf0-\xf4]*)*"[ \t\n\r]*:'
+_RAW_ASTRAL_IN_KEY = re.compile(rb"[\xf0-\xf4]" + _TO_KEY_END)
+_ESCAPED_ASTRAL_IN_KEY = re.compile(rb"\\u[dD][89abAB]" + _TO_KEY_END)
+
+
+def _astral_in_key(data):
+    """Whether UTF-8 JSON text may have a key holding an astral character: never a miss; a false alarm only where an
+    escaped backslash stands before text that reads like an escaped high surrogate."""
+    if _RAW_ASTRAL_IN_KEY.search(data):
+        return True
+    return bool(_ESCAPED_ASTRAL_IN_KEY.search(data))
+
+
 def _may_mix(data):
-    # Whether UTF-8 JSON text holds a character of U+E000-U+FFFF and an astral one, as they are or escaped: only then
-    # may an object need UTF-16 key order. A few scans in C; an escaped backslash before 'u' only costs a closer look.
-    escaped = b"\\u" in data
-    high = b"\xee" in data or b"\xef" in data or escaped and _HIGH_ESCAPE.search(data)
-    return bool(high and (_ASTRAL_LEAD.search(data) or escaped and _ASTRAL_ESCAPE.search(data)))
+    """Whether UTF-8 JSON text may hold a character of U+E000-U+FFFF and a key holding an astral one, as they are
+    or escaped: only then may an object need UTF-16 key order. An escaped backslash before 'u' only costs a closer
+    look."""
+    return _has_high_bmp(data) and _astral_in_key(data)
+
+
+def _has_high_bmp(data):
+    """Whether UTF-8 JSON text holds a character of U+E000-U+FFFF: its lead byte (EE or EF), or escaped."""
+    if b"\xee" in data or b"\xef" in data:
+        return True
+    return b"\\u" in data and bool(_ESCAPED_HIGH_BMP.search(data))
+
+
+def _astral_count(data):
+    """How many astral characters UTF-8 JSON text holds, as they are or escaped (an escaped backslash before text
+    that reads like an escaped high surrogate counts one more)."""
+    as_they_are = sum(map(data.count, _ASTRAL_LEADS))
+    return as_they_are + len(_ESCAPED_HIGH_SURROGATE.findall(data))
 
 
 def _marked_text(data):
-    # UTF-8 JSON text with _TEXT_MARK before each astral character, escaped ones too: parsed, then written by
-    # json.dumps, its objects come out in UTF-16 key order (the marks then removed). Where a mark goes is first noted
-    # by a byte UTF-8 never holds (FF): before each escaped high surrogate, found by one split (escaped backslashes
-    # written \u005c, which parses alike), and before each lead byte, by a replacement each.
-    pieces = _ASTRAL_ESCAPE.split(data.replace(b"\\\\", b"\\u005c")) if b"\\u" in data else [data]
-    data = (b"%s" + b"\xff%s%s" * (len(pieces) // 2)) % tuple(pieces)
-    for lead in (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4"):
-        data = data.replace(lead, b"\xff" + lead)
-    return data.replace(b"\xff", _TEXT_MARK_JSON)
+    """UTF-8 JSON text with _MARK before each astral character, as it is or escaped as a surrogate pair.
+    Where a mark goes is noted first by a byte UTF-8 never holds (FF), so that no step marks another's marks.
+    Escaped backslashes are written \\u005c first (which parses alike), so that every \\u left starts an escape."""
+    unescaped = data.replace(b"\\\\", b"\\u005c")
+    pieces = _ESCAPED_HIGH_SURROGATE.split(unescaped)  # text, then (an escaped high surrogate, text) for each
+    escapes = pieces[1::2]
+    pieces[1::2] = [b"\xff" + escape for escape in escapes]
+    noted = b"".join(pieces)
+    for lead in _ASTRAL_LEADS:
+        noted = noted.replace(lead, b"\xff" + lead)
+    return noted.replace(b"\xff", _MARK_JSON)
 
 
-def _in_utf16_order(found, make):
-    # make() while the keys of the objects in found are marked in place (_MARK), so that json.dumps sorts them in
-    # UTF-16 order; then each object's members are restored, in order. Calls in C for each object (map), one split
-    # for all their keys.
-    saved, counts = list(map(dict.copy, found)), list(map(len, found))
-    keys = _MARK.join(_ASTRAL_CHAR.split(_SEPARATOR.join(itertools.chain.from_iterable(found)))).split(_SEPARATOR)
-    pairs = zip(keys, itertools.chain.from_iterable(map(dict.values, saved)))
+def _holds_astral_key(obj):
+    """Whether one of an object's keys holds an astral character."""
+    return max("".join(obj), default="") > "\uffff"
+
+
+def _in_utf16_order(objects, write):
+    """write() while the keys of those objects that hold an astral character carry _KEY_MARK before each one, so
+    that json.dumps sorts them in UTF-16 order; the objects' members are restored afterwards, in their order."""
+    marked = [obj for obj in objects if _holds_astral_key(obj)]
+    saved = [dict(obj) for obj in marked]
     try:
-        list(map(dict.clear, found))
-        list(map(dict.update, found, map(itertools.islice, itertools.repeat(pairs), counts)))
-        return make()
+        for obj in marked:
+            members = {_KEY_MARK.join(_BEFORE_ASTRAL.split(key)): value for key, value in obj.items()}
+            obj.clear()
+            obj.update(members)
+        return write()
     finally:
-        list(map(dict.clear, found))
-        list(map(dict.update, found, saved))
+        for obj, members in zip(marked, saved):
+            obj.clear()
+            obj.update(members)
+
+
+# ---- the canonical text ------------------------------------------------------------------------------------
+# an integer that may reach 2^53 (ECMAScript writes it as a double), from a run's start: 16 digits from 9, or 17
+_BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text; unrolled: its parts never overlap
+_FLOAT_FORMS = re.compile(r"\.0[,\]}]|e-0[5-9]|e\+(?:1[6-9]|20)(?![0-9])")  # see _FLOAT_LITERALS
+
+
+def _has_big_int(text):
+    """Whether json.dumps text holds an integer that may reach 2^53: a quick search, then one outside strings."""
+    if not _BIG_INT.search(text):
+        return False
+    outside = _JSON_STRING.sub("", text)
+    return bool(_BIG_INT.search(outside))
+
+
+def _may_need_es_layout(text):
+    """Whether json.dumps text may hold a float that ECMAScript lays out otherwise: literal scans in C, then one
+    search (strings can only make it say yes)."""
+    if ".0" in text or "e-0" in text or "e+" in text:
+        return bool(_FLOAT_FORMS.search(text))
+    return False
 
 
 def _canonical_text(value, exact_ints=False, marked=None):
-    # The RFC 8785 text of a parsed JSON value: json.dumps (in C), with its floats laid out as ECMAScript does. The
-    # exact pure-Python path takes a lone scalar and integers that may reach 2^53 (unless the parser refused them:
-    # exact_ints). marked: the mark value's keys that need it carry (_MARK or _TEXT_MARK), or "" (strict_parse knows
-    # from the raw text); None: found out here, and if json.dumps's text may need it, that text is marked and parsed
-    # again.
+    """The RFC 8785 text of a parsed JSON value. exact_ints: the value holds no integer beyond +-(2^53 - 1) (the
+    parser refused them), so none needs the pure-Python path. marked: the mark the value's astral characters
+    carry (_MARK: a twin from _marked_text), or "" when none is needed; None: found out here, and where json.dumps's
+    text may need UTF-16 key order, that text is marked and parsed again."""
+    if not isinstance(value, (dict, list)):
+        return _jcs(value)
     text = _SORTED.encode(value)
-    if marked is None and not text.isascii() and _may_mix(text.encode("utf-8", "surrogatepass")):
-        return _canonical_text(json.loads(_marked_text(text.encode("utf-8", "surrogatepass"))), exact_ints, _TEXT_MARK)
-    big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
-    if big_int or not isinstance(value, (dict, list)):
+    if marked is None and not text.isascii():
+        encoded = text.encode("utf-8", "surrogatepass")
+        if _may_mix(encoded):
+            twin = json.loads(_marked_text(encoded))
+            return _canonical_text(twin, exact_ints, _MARK)
+    if not exact_ints and _has_big_int(text):
         text = _jcs(value)
-    elif (".0" in text or "e-0" in text or "e+" in text) and _FLOAT_FORMS.search(text):  # literal scans first
+    elif _may_need_es_layout(text):
         text = _es_floats(text)
-    return text.replace(marked, "") if marked else text
+    if marked:
+        text = text.replace(marked, "")
+    return text
 
 
 def canonical_members(value, exact_ints=False, along=("evidence",), marked=None):
@@ -283,14 +420,32 @@ def canonical_members(value, exact_ints=False, along=("evidence",), marked=None)
     canonical_members along the rest. Made once per request, it serves the strict-JSON checks, the rules that read
     JSON text, and both receipt hashes (MCP: along params, arguments, evidence). The members on either side of the
     one along are written by one json.dumps each, however many they are. marked: see _canonical_text."""
-    if not (along and isinstance(value, dict) and along[0] in value):
+    key = along[0] if along else None
+    if not (isinstance(value, dict) and key in value):
         return {None: _canonical_text(value, exact_ints, marked)}
-    key, inner = along[0], canonical_members(value[along[0]], exact_ints, along[1:], marked)
-    # key is ASCII, so code point and UTF-16 order agree on which members come before it
-    before = _canonical_text({k: v for k, v in value.items() if k < key}, exact_ints, marked)[1:-1]
-    after = _canonical_text({k: v for k, v in value.items() if k > key}, exact_ints, marked)[1:-1]
-    whole = "{" + ",".join(filter(None, (before, _encode_str(key) + ":" + inner[None], after))) + "}"
-    return {None: whole, key: inner if len(along) > 1 else inner[None]}
+    inner = canonical_members(value[key], exact_ints, along[1:], marked)
+    before, after = _beside(value, key)
+    before_text = _canonical_text(before, exact_ints, marked)[1:-1]
+    middle = _encode_str(key) + ":" + inner[None]
+    after_text = _canonical_text(after, exact_ints, marked)[1:-1]
+    written = filter(None, (before_text, middle, after_text))  # a side with no members is left out
+    whole = "{" + ",".join(written) + "}"
+    if len(along) == 1:
+        inner = inner[None]
+    return {None: whole, key: inner}
+
+
+def _beside(value, key):
+    """(the members of an object before key, those after it). key is ASCII, so code point and UTF-16 order agree
+    on which members come before it."""
+    before = {}
+    after = {}
+    for name, member in value.items():
+        if name < key:
+            before[name] = member
+        elif name > key:
+            after[name] = member
+    return before, after
 
 
 # ============================================================================================================
@@ -1535,6 +1690,9 @@ def _before_new_key(path, fd):
 # ============================================================================================================
 # §6 Request validation and strict JSON
 # ============================================================================================================
+# json.loads is lenient: it reads NaN, keeps the last of duplicate keys, lets lone surrogates and any depth through,
+# and reads integers of any size. strict_parse parses once with json.loads and refuses each of those by a named
+# check, most of them over the canonical text it makes anyway.
 
 
 class RequestError(ValueError):
@@ -1542,41 +1700,51 @@ class RequestError(ValueError):
 
     def __init__(self, code, message, status=400, headers=()):
         ValueError.__init__(self, message)
-        self.code, self.message, self.status, self.headers = code, message, status, list(headers)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.headers = list(headers)
 
 
-# digits -> '0', other bytes -> ' '; opening brackets +1, closing -1 as signed bytes; the bytes that are neither
-# bracket nor quote; a string once only quotes and brackets are left
-_DIGIT_MASK, _DEPTH_STEP, _NOT_DEPTH, _BARE_STRING = (
-    bytes(48 if 48 <= b < 58 else 32 for b in range(256)),
-    bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff"),
-    bytes(set(range(256)) - set(b'[]{}"')),
-    re.compile(rb'"[^"]*"'),
-)
-MAX_INT = 2**53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
+MAX_INT = 2 ** 53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
+_DIGITS_AS_ZEROS = bytes(48 if 48 <= b < 58 else 32 for b in range(256))  # bytes.translate: digits "0", others " "
+_BRACKETS = bytes.maketrans(b"{}", b"[]")  # bytes.translate: every container as [ ]
+_STEPS = bytes.maketrans(b"[]", b"\x01\xff")  # bytes.translate: brackets as steps, +1 and -1 (signed bytes)
+_NOT_BRACKET_OR_QUOTE = bytes(sorted(set(range(256)) - set(b'[]{}"')))  # the bytes bytes.translate then deletes
 
 
 def need(ok, code, message):
-    # Raise RequestError(code, message) unless ok.
+    """Raise RequestError(code, message) unless ok."""
     if not ok:
         raise RequestError(code, message)
 
 
 def _bad_json(message):
+    """Raise RequestError('invalid_json', message)."""
     raise RequestError("invalid_json", message)
 
 
-def _exact_int(s):
-    value = int(s) if len(s) <= 17 else MAX_INT + 1
-    return value if -MAX_INT <= value <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+def _exact_int(digits):
+    """An integer of JSON text (json.loads's parse_int), refused beyond +-(2^53 - 1)."""
+    value = MAX_INT + 1
+    if len(digits) <= 17:  # a longer run is beyond it anyway, and int() of a long run is slow
+        value = int(digits)
+    if not -MAX_INT <= value <= MAX_INT:
+        _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+    return value
+
+
+def _no_constant(name):
+    """json.loads's parse_constant: NaN, Infinity and -Infinity are refused."""
+    _bad_json("NaN and Infinity are not JSON")
 
 
 class _CollectorPause(object):
-    # The cyclic garbage collector stays off while any thread handles a request: a 1 MiB body can hold 500,000
-    # containers, none in a cycle, and every collection meanwhile would walk them all (it tripled the time of some
-    # bodies). A request frees what it made by reference counting; collection resumes when none is in flight.
-    # list.append and list.pop are atomic; a thread that enables the collector just as another enters costs that
-    # one a collection, never a wrong answer.
+    """The cyclic garbage collector stays off while any thread handles a request: a 1 MiB body can hold 500,000
+    containers, none in a cycle, and every collection meanwhile would walk them all. A request frees what it made by
+    reference counting; collection resumes when none is in flight. list.append and list.pop are atomic; a thread
+    that enables the collector just as another enters costs that one a collection, never a wrong answer."""
+
     def __init__(self):
         self._inside = []
 
@@ -1595,36 +1763,18 @@ _REQUEST = _CollectorPause()
 
 def strict_loads(raw, exact_ints=True):
     """Strict UTF-8 JSON: no NaN, duplicate keys, lone surrogates, depth > 32, integers beyond +-(2^53-1)."""
-    return strict_parse(raw, exact_ints)[0]
+    value, _ = strict_parse(raw, exact_ints)
+    return value
 
 
 def strict_parse(raw, exact_ints=True, along=("evidence",)):
-    """(value, its canonical_members along the given keys) of strict JSON (see strict_loads): the canonical text made
-    for the checks is kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
+    """(value, its canonical_members along the given keys) of strict JSON (see strict_loads). The canonical text
+    made for the checks is kept for the rules and the receipt: a request is parsed once and canonicalised once."""
     try:
         text = raw.decode("utf-8")
-        containers = text.count("{") + text.count("[")
-        # Where a key order may differ (_may_mix), the text with its astral characters marked: parsed again for the
-        # canonical text (a twin of value) where they are many, as marking an object's keys in place costs about as
-        # much as parsing sixteen containers. Else the objects of two or more keys are found (one call in C each).
-        marked = _marked_text(raw) if _may_mix(raw) else b""
-        twin = 16 * marked.count(_TEXT_MARK_JSON) > containers
-        found = []
-        value = json.loads(
-            text,  # 16 digits start any integer >= 2^53: only then are integers read one by one
-            parse_int=_exact_int if exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK) else None,
-            parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
-            object_hook=(lambda obj: len(obj) > 1 and found.append(obj) or obj) if marked and not twin else None,
-        )
-        # without an astral character in a key the orders agree: nothing to mark
-        found = found if _ASTRAL_CHAR.search(_SEPARATOR.join(itertools.chain.from_iterable(found))) else []
-        if twin or 16 * len(found) > containers:
-            members = canonical_members(json.loads(marked), exact_ints, along, _TEXT_MARK)
-        else:
-            mark = _MARK if found else ""
-            members = _in_utf16_order(found, lambda: canonical_members(value, exact_ints, along, mark))
-        again = members[None]
-        again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
+        value, members = _parse_and_canonicalise(raw, text, exact_ints, along)
+        canonical = members[None]
+        canonical.encode("utf-8")  # a lone surrogate has no UTF-8 form (and a receipt hashes UTF-8)
     except RequestError:
         raise
     except UnicodeError:
@@ -1632,53 +1782,137 @@ def strict_parse(raw, exact_ints=True, along=("evidence",)):
     except RecursionError:
         _bad_json("nesting deeper than %d" % MAX_DEPTH)
     except ValueError as e:
-        problem = "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON")
-        _bad_json("%s (at character %s)" % (problem, getattr(e, "pos", "?")))
-    # A duplicate key leaves fewer ':' outside strings in the re-encoded text. Strings hold as many ':' in both texts
-    # once the escaped ones (\u003a, after a backslash that is not itself escaped) are counted: counts in C.
-    escaped_colons = text.replace("\\\\", "").lower().count("\\u003a") if "\\u" in text else 0
-    if text.count(":") + escaped_colons != again.count(":"):
-        _bad_json("duplicate object key")
-    # Depth: the running depth over the brackets outside strings, counted in C.
-    if containers > MAX_DEPTH:
-        # with escaped backslashes and quotes masked, only brackets (as steps) and quotes are kept: most strings are
-        # then "", dropped in one C pass, not a regex match each
-        unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
-        steps = _BARE_STRING.sub(b"", unescaped.translate(_DEPTH_STEP, _NOT_DEPTH).replace(b'""', b""))
-        # fewer steps to add up, in C: the leaves (an opening step right before a closing one) go, each time taking
-        # every depth one lower, while they are a fifth of the steps; then a run of eight like steps becomes one step
-        # (the run's end, its deepest point, stays)
-        lowered, fewer = 0, steps.replace(b"\x01\xff", b"")
-        while 5 * len(fewer) < 4 * len(steps):
-            steps, fewer, lowered = fewer, fewer.replace(b"\x01\xff", b""), lowered + 1
-        steps = steps.replace(b"\x01" * 8, b"\x08").replace(b"\xff" * 8, b"\xf8")
-        if lowered + max(itertools.accumulate(memoryview(steps).cast("b")), default=0) > MAX_DEPTH:
-            _bad_json("nesting deeper than %d" % MAX_DEPTH)
+        _bad_json(_problem(e))
+    _refuse_duplicate_keys(text, canonical)
+    _refuse_deep_nesting(raw)
     return value, members
+
+
+def _may_hold_big_int(raw):
+    """Whether JSON text has a run of 16 digits, which any integer beyond 2^53 starts with: only then are integers
+    read one by one (in Python) to refuse such ones."""
+    return b"0" * 16 in raw.translate(_DIGITS_AS_ZEROS)
+
+
+def _loads(text, integers_one_by_one, object_hook=None):
+    """json.loads, refusing NaN and the infinities, and (if asked) integers beyond +-(2^53 - 1)."""
+    parse_int = _exact_int if integers_one_by_one else None
+    return json.loads(text, parse_int=parse_int, parse_constant=_no_constant, object_hook=object_hook)
+
+
+def _parse_and_canonicalise(raw, text, exact_ints, along):
+    """(value, its canonical_members) of JSON text. Where key order may differ from code point order (_may_mix),
+    objects with keys that hold an astral character are marked in place while the canonical text is written, or,
+    where such characters are many, that text is written from a twin parsed from the raw text, marked: marking an
+    object in place costs about as much as parsing a hundred bytes again."""
+    integers = exact_ints and _may_hold_big_int(raw)
+    if not _may_mix(raw):
+        value = _loads(text, integers)
+        return value, canonical_members(value, exact_ints, along, "")
+    if 100 * _astral_count(raw) > len(raw):
+        value = _loads(text, integers)
+        twin = json.loads(_marked_text(raw))
+        return value, canonical_members(twin, exact_ints, along, _MARK)
+    objects = []
+
+    def collect(obj):  # json.loads's object_hook: key order can matter only to an object of two or more keys
+        if len(obj) > 1:
+            objects.append(obj)
+        return obj
+    value = _loads(text, integers, collect)
+    return value, _in_utf16_order(objects, lambda: canonical_members(value, exact_ints, along, _KEY_MARK))
+
+
+def _problem(error):
+    """What json.loads or json.dumps found wrong, with the character it was found at."""
+    problem = getattr(error, "msg", "invalid JSON")
+    if "Out of range" in str(error):  # json.dumps refuses the infinity json.loads read for 1e400
+        problem = "a number does not fit a double"
+    return "%s (at character %s)" % (problem, getattr(error, "pos", "?"))
+
+
+def _refuse_duplicate_keys(text, canonical):
+    """json.loads keeps the last of duplicate keys. Each member has one ':' outside strings, and strings hold as many
+    in the canonical text as in the request once its escaped ones (\\u003a) are counted: a dropped duplicate leaves
+    fewer in the canonical text."""
+    escaped = 0
+    if "\\u" in text:  # escaped backslashes go first, so that each \u003a left is an escape
+        escaped = text.replace("\\\\", "").lower().count("\\u003a")
+    if text.count(":") + escaped != canonical.count(":"):
+        _bad_json("duplicate object key")
+
+
+def _refuse_deep_nesting(raw):
+    """Nesting deeper than MAX_DEPTH (the request object is level 1)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return  # too few brackets to nest that deep
+    if _depth(_brackets_outside_strings(raw)) > MAX_DEPTH:
+        _bad_json("nesting deeper than %d" % MAX_DEPTH)
+
+
+def _depth(brackets):
+    """How deep balanced brackets ('[' and ']' only) nest. A round removes the innermost pairs, lowering every level
+    by one, while that removes a fifth or more (so the rounds cost at most five passes); the depth of what is left
+    is the highest running sum of its steps, +1 and -1, each run of four like steps taken as one step."""
+    rounds = 0
+    fewer = brackets.replace(b"[]", b"")
+    while 5 * len(fewer) <= 4 * len(brackets) and brackets:
+        rounds += 1
+        brackets = fewer
+        fewer = brackets.replace(b"[]", b"")
+    steps = brackets.translate(_STEPS).replace(b"\x01" * 4, b"\x04").replace(b"\xff" * 4, b"\xfc")
+    return rounds + max(itertools.accumulate(memoryview(steps).cast("b")), default=0)
+
+
+def _brackets_outside_strings(raw):
+    """The brackets of JSON text outside its strings, every container as [ ]. Escaped backslashes and quotes go
+    first, so that each quote left starts or ends a string. Once only brackets and quotes are kept, two adjacent
+    quotes enclose no bracket that counts (an empty string, or the space between two strings): dropping them all
+    at once leaves only the strings that hold brackets to split out."""
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    kept = unescaped.translate(_BRACKETS, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
+    return b"".join(kept.split(b'"')[0::2])
 
 
 def validate_request(obj):
     """A /verify body or MCP arguments, checked: RequestError on the first problem, never truncation."""
     need(isinstance(obj, dict), "invalid_request", "the request must be a JSON object")
-    need(not set(obj) - set(REQUEST_FIELDS), "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
-    claim, kind, context, caller = obj.get("claim"), obj.get("kind"), obj.get("context"), obj.get("caller_context")
+    unknown = set(obj) - set(REQUEST_FIELDS)
+    need(not unknown, "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
+    claim = obj.get("claim")
     need(isinstance(claim, str) and claim.strip(), "invalid_claim", "claim must be a non-empty string")
     need(len(claim) <= MAX_CLAIM, "claim_too_long", "claim is longer than %d characters" % MAX_CLAIM)
     need(isinstance(obj.get("evidence"), dict), "invalid_evidence", "evidence must be a JSON object")
-    need(kind is None or (isinstance(kind, str) and kind.lower() in KINDS), "unknown_kind", "kind: " + ", ".join(KINDS))
+    kind = obj.get("kind")
+    known = kind is None or isinstance(kind, str) and kind.lower() in KINDS
+    need(known, "unknown_kind", "kind: " + ", ".join(KINDS))
+    context = obj.get("context")
     need(context is None or isinstance(context, str), "invalid_context", "context must be a string")
-    context_ok = context is None or len(context) <= MAX_CONTEXT
-    need(context_ok, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
-    need(
-        caller is None or isinstance(caller, dict) and len(caller) <= MAX_CALLER_KEYS and all(
-            0 < len(k) <= MAX_CALLER_STR
-            and (v is None or isinstance(v, (bool, int, float)) or isinstance(v, str) and len(v) <= MAX_CALLER_STR)
-            for k, v in caller.items()
-        ),
-        "invalid_caller_context",
-        "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null",
-    )
+    short = context is None or len(context) <= MAX_CONTEXT
+    need(short, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
+    need(_caller_context_ok(obj.get("caller_context")), "invalid_caller_context", _CALLER_CONTEXT)
     return obj
+
+
+_CALLER_CONTEXT = "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null"
+
+
+def _caller_context_ok(caller):
+    """Whether caller_context is absent, or an object of at most MAX_CALLER_KEYS valid entries."""
+    if caller is None:
+        return True
+    if not isinstance(caller, dict) or len(caller) > MAX_CALLER_KEYS:
+        return False
+    return all(map(_caller_entry_ok, caller.keys(), caller.values()))
+
+
+def _caller_entry_ok(key, value):
+    """A caller_context entry: a key of 1-64 characters; a scalar value, a string one of at most 64."""
+    if not 0 < len(key) <= MAX_CALLER_STR:
+        return False
+    if isinstance(value, str):
+        return len(value) <= MAX_CALLER_STR
+    return value is None or isinstance(value, (bool, int, float))
 
 
 # ============================================================================================================
