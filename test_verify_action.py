@@ -836,14 +836,14 @@ class Utf16KeyOrder(unittest.TestCase):
             seen = {}
             for label in ("U+E000 and astral in a value", "70k two-key objects, such chars in the claim",
                           "U+E000 and astral in keys", "such keys at depth 31", "50k small objects of such keys",
-                          "30k such objects, all escaped"):
+                          "30k such objects, all escaped", "depth-29 nests and 20k objects of such keys"):
                 del ways[:]
                 self.assertEqual(answer(*bodies[label]), I)
                 seen[label] = list(ways)
         finally:
             va._in_utf16_order, va._marked_text, va._jcs = real
         self.assertEqual(list(seen.values()), [[], [], [("in place", 1)], [("in place", 1)], [("twin", None)],
-                                               [("twin", None)]])
+                                               [("twin", None)], [("in place", 20000)]])
         self.assertLess(len(jcs_calls), 300)  # the receipts' few fields; never the 1 MiB of values
 
     def test_members_beside_the_evidence_are_written_together(self):
@@ -893,6 +893,15 @@ class ShortcutsAgainstReferences(unittest.TestCase):
             self.assertEqual(canonical_json(doc).decode("utf-8"), ref_jcs(doc))
         for v in values[::11]:
             self.assertEqual(va._es_number(v), ref_number(v), v)
+
+    def test_a_repeated_number_is_laid_out_once_and_replaced_only_where_it_is_whole(self):
+        # a number repeated a thousand times is replaced as a literal: never inside a neighbour that shares its text
+        # (1e-05 in 1.1e-05, 1.5e+16 in 1.5e+160), at each end (, ] }), signed or not
+        for v, neighbours in ((1e-05, [1.1e-05, 2.1e-05, 1e-50, 1.5e-05]), (1.5e-06, [2.5e-06, 1.5e-60, 1.25e-06]),
+                              (1.5e16, [1.5e160, 2.5e16, 1.25e16, 1e16]), (1e16, [1e160, 1.1e16]),
+                              (1.2345678901234567e20, [1.2345678901234567e200, 2.2345678901234567e20])):
+            doc = [v] * 1500 + neighbours * 300 + [{"k": v, "n": -v}] * 1000 + [[v]] * 1000 + [-v] * 1200
+            self.assertEqual(canonical_json(doc).decode("utf-8"), ref_jcs(doc), v)
 
     def test_depth_is_the_highest_running_count(self):
         rng = __import__("random").Random(27)

@@ -204,15 +204,44 @@ def _join_at_strings(parts):
 
 
 def _written_out(outside, rows):
-    """The text between strings with the numbers of the exponents in rows (of _WRITTEN_OUT) written out: for each
-    exponent, one split of the reversed text and one %-format, both in C."""
+    """The text between strings with the numbers of the exponents in rows (of _WRITTEN_OUT) written out, in the
+    reversed text: for each exponent, a number that repeats, then each one left."""
     backwards = outside[::-1]
     for exponent, _, layout in rows:
-        pieces = _WRITTEN_OUT_PATTERN[exponent].split(backwards)  # text, then (the digits' groups, text) for each
-        numbers = len(pieces) // (_WRITTEN_OUT_PATTERN[exponent].groups + 1)
-        layouts = (layout + "%s") * numbers
-        backwards = ("%s" + layouts) % tuple(pieces)
+        pattern = _WRITTEN_OUT_PATTERN[exponent]
+        backwards = _lay_out_repeated(backwards, pattern, layout)
+        backwards = _lay_out_each(backwards, pattern, layout)
     return backwards[::-1].replace(" ", "0")
+
+
+def _lay_out_repeated(backwards, pattern, layout):
+    """Reversed text with the first number pattern finds laid out wherever it repeats, by literal replacements (in
+    C), if it repeats a thousand times or more. It is replaced only after , ] or } (a number ends before one, so
+    e+16 is not read in e+160) and, without a point, with the character after it (reversed, 1e-05 is the start of
+    1.1e-05): only where it is the same number."""
+    found = pattern.search(backwards)
+    if found is None:
+        return backwards
+    end = found.end()
+    if "." not in found.group():
+        end += 1
+    number = backwards[found.start():end]
+    if backwards.count("," + number) < 1000:
+        return backwards
+    laid_out = (layout % found.groups()).replace(" ", "0") + backwards[found.end():end]
+    for before in ",]}":
+        backwards = backwards.replace(before + number, before + laid_out)
+    return backwards
+
+
+def _lay_out_each(backwards, pattern, layout):
+    """Reversed text with each number pattern finds laid out: one split and one %-format, both in C."""
+    pieces = pattern.split(backwards)  # text, then (the digits' groups, text) for each number
+    numbers = len(pieces) // (pattern.groups + 1)
+    if not numbers:
+        return backwards
+    layouts = (layout + "%s") * numbers
+    return ("%s" + layouts) % tuple(pieces)
 
 
 def _whole_large(outside, exponent):
@@ -237,7 +266,7 @@ def _es_floats(text):
     if patterned:
         outside = _written_out(outside, patterned)
     for exponent, digits, _ in present:
-        if digits == _LARGE_DIGITS:  # those with a fraction are written out already
+        if digits == _LARGE_DIGITS and exponent in outside:  # those with a fraction are written out already
             outside = _whole_large(outside, exponent)
     parts[0::2] = outside.split("\x03")
     return _join_at_strings(parts)
@@ -293,6 +322,7 @@ _MARK_JSON = b"\\udbff\xf4\x8f\xbf\xbf"  # _MARK in UTF-8 JSON text: an escaped 
 # Keys marked in place, in a parsed value, take _KEY_MARK instead: no parsed text holds it, as json.loads joins an
 # escaped surrogate pair into one character and UTF-8 text holds no surrogate.
 _KEY_MARK = "\udbff\udfff"
+_KEY_SEPARATOR = "\ud800\udc00"  # between keys joined to be marked at once; no parsed text holds it either
 _BEFORE_ASTRAL = re.compile("(?=[\U00010000-\U0010ffff])")
 _ESCAPED_HIGH_SURROGATE = re.compile(rb"(\\u[dD][89abAB])")
 _ASTRAL_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")  # the lead bytes of a 4-byte (astral) UTF-8 character
@@ -353,16 +383,25 @@ def _holds_astral_key(obj):
     return max("".join(obj), default="") > "\uffff"
 
 
+def _marked_keys(objects):
+    """The keys of objects, in order, with _KEY_MARK before each astral character: joined, marked in one split and
+    join, and split apart again, all in C."""
+    keys = _KEY_SEPARATOR.join(itertools.chain.from_iterable(objects))
+    marked = _KEY_MARK.join(_BEFORE_ASTRAL.split(keys))
+    return marked.split(_KEY_SEPARATOR)
+
+
 def _in_utf16_order(objects, write):
     """write() while the keys of those objects that hold an astral character carry _KEY_MARK before each one, so
     that json.dumps sorts them in UTF-16 order; the objects' members are restored afterwards, in their order."""
     marked = [obj for obj in objects if _holds_astral_key(obj)]
-    saved = [dict(obj) for obj in marked]
+    saved = list(map(dict.copy, marked))
+    values = itertools.chain.from_iterable(map(dict.values, saved))
+    pairs = zip(_marked_keys(marked), values)  # each object takes as many pairs as it has members, in turn
     try:
-        for obj in marked:
-            members = {_KEY_MARK.join(_BEFORE_ASTRAL.split(key)): value for key, value in obj.items()}
+        for obj, size in zip(marked, map(len, saved)):
             obj.clear()
-            obj.update(members)
+            obj.update(itertools.islice(pairs, size))
         return write()
     finally:
         for obj, members in zip(marked, saved):
@@ -1804,12 +1843,12 @@ def _parse_and_canonicalise(raw, text, exact_ints, along):
     """(value, its canonical_members) of JSON text. Where key order may differ from code point order (_may_mix),
     objects with keys that hold an astral character are marked in place while the canonical text is written, or,
     where such characters are many, that text is written from a twin parsed from the raw text, marked: marking an
-    object in place costs about as much as parsing a hundred bytes again."""
+    object in place costs about as much as parsing sixteen containers again."""
     integers = exact_ints and _may_hold_big_int(raw)
     if not _may_mix(raw):
         value = _loads(text, integers)
         return value, canonical_members(value, exact_ints, along, "")
-    if 100 * _astral_count(raw) > len(raw):
+    if 16 * _astral_count(raw) > raw.count(b"{") + raw.count(b"["):
         value = _loads(text, integers)
         twin = json.loads(_marked_text(raw))
         return value, canonical_members(twin, exact_ints, along, _MARK)
