@@ -135,8 +135,9 @@ def decide(codes):
 # ============================================================================================================
 # The RFC 8785 text of a parsed value is json.dumps's (in C), keys sorted and compact, with two corrections:
 # - numbers: json.dumps writes a float as repr does, RFC 8785 as ECMAScript does; _es_floats lays them out again;
-# - key order: json.dumps sorts keys by code point, RFC 8785 by UTF-16 code unit; where the two can differ the text
-#   is written from a twin of the value whose astral characters carry a mark (_MARK, _marked_text).
+# - key order: json.dumps sorts keys by code point, RFC 8785 by UTF-16 code unit; where the two can differ, marks
+#   before astral characters make them agree: in the keys of a few objects, in place (_in_utf16_order), or in the
+#   raw text, parsed again as a twin of the value (_marked_text).
 # _jcs writes the same text in pure Python, for single values and receipts. The tests check both against an
 # independent implementation, on random values.
 
@@ -216,7 +217,7 @@ def _written_out(outside, rows):
 
 def _lay_out_repeated(backwards, pattern, layout):
     """Reversed text with the first number pattern finds laid out wherever it repeats, by literal replacements (in
-    C), if it repeats a thousand times or more. It is replaced only after , ] or } (a number ends before one, so
+    C), if it follows a comma a thousand times or more. It is replaced only after , ] or } (a number ends before one, so
     e+16 is not read in e+160) and, without a point, with the character after it (reversed, 1e-05 is the start of
     1.1e-05): only where it is the same number."""
     found = pattern.search(backwards)
@@ -435,8 +436,8 @@ def _may_need_es_layout(text):
 def _canonical_text(value, exact_ints=False, marked=None):
     """The RFC 8785 text of a parsed JSON value. exact_ints: the value holds no integer beyond +-(2^53 - 1) (the
     parser refused them), so none needs the pure-Python path. marked: the mark the value's astral characters
-    carry (_MARK: a twin from _marked_text), or "" when none is needed; None: found out here, and where json.dumps's
-    text may need UTF-16 key order, that text is marked and parsed again."""
+    carry (_MARK: a twin from _marked_text; _KEY_MARK: keys marked in place), or "" when none is needed; None:
+    found out here, and where json.dumps's text may need UTF-16 key order, that text is marked and parsed again."""
     if not isinstance(value, (dict, list)):
         return _jcs(value)
     text = _SORTED.encode(value)
