@@ -820,7 +820,7 @@ class Utf16KeyOrder(unittest.TestCase):
         jcs_calls = []
 
         def in_place(objects, write):
-            ways.append(("in place", sum(map(va._holds_astral_key, objects))))
+            ways.append(("in place", len(va._holding_astral_keys(objects))))
             return real[0](objects, write)
 
         def marked_text(data):

@@ -327,6 +327,7 @@ _KEY_SEPARATOR = "\ud800\udc00"  # between keys joined to be marked at once; no 
 _BEFORE_ASTRAL = re.compile("(?=[\U00010000-\U0010ffff])")
 _ESCAPED_HIGH_SURROGATE = re.compile(rb"(\\u[dD][89abAB])")
 _ASTRAL_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")  # the lead bytes of a 4-byte (astral) UTF-8 character
+_NOT_ASTRAL_LEAD = bytes(b for b in range(256) if not 0xF0 <= b <= 0xF4)  # what bytes.translate deletes to count them
 _ESCAPED_HIGH_BMP = re.compile(rb"\\u[eEfF]")
 # The rest of a string, from an astral character to the next one (so each search is linear) or the string's end,
 # then a ':' after it: that string is a key. The two patterns start where an astral character does, as it is and
@@ -361,7 +362,7 @@ def _has_high_bmp(data):
 def _astral_count(data):
     """How many astral characters UTF-8 JSON text holds, as they are or escaped (an escaped backslash before text
     that reads like an escaped high surrogate counts one more)."""
-    as_they_are = sum(map(data.count, _ASTRAL_LEADS))
+    as_they_are = len(data.translate(None, _NOT_ASTRAL_LEAD))  # one pass, not one bytes.count for each lead
     return as_they_are + len(_ESCAPED_HIGH_SURROGATE.findall(data))
 
 
@@ -379,9 +380,12 @@ def _marked_text(data):
     return noted.replace(b"\xff", _MARK_JSON)
 
 
-def _holds_astral_key(obj):
-    """Whether one of an object's keys holds an astral character."""
-    return max("".join(obj), default="") > "\uffff"
+def _holding_astral_keys(objects):
+    """Those objects (each of two or more keys, so none joins its keys into "") with a key that holds an astral
+    character: each object's largest key character compared, in C (a Python test for each costs twice as much)."""
+    largest = map(max, map("".join, objects))
+    astral = map("\uffff".__lt__, largest)
+    return list(itertools.compress(objects, astral))
 
 
 def _marked_keys(objects):
@@ -395,7 +399,7 @@ def _marked_keys(objects):
 def _in_utf16_order(objects, write):
     """write() while the keys of those objects that hold an astral character carry _KEY_MARK before each one, so
     that json.dumps sorts them in UTF-16 order; the objects' members are restored afterwards, in their order."""
-    marked = [obj for obj in objects if _holds_astral_key(obj)]
+    marked = _holding_astral_keys(objects)
     saved = list(map(dict.copy, marked))
     values = itertools.chain.from_iterable(map(dict.values, saved))
     pairs = zip(_marked_keys(marked), values)  # each object takes as many pairs as it has members, in turn
@@ -1751,6 +1755,7 @@ _DIGITS_AS_ZEROS = bytes(48 if 48 <= b < 58 else 32 for b in range(256))  # byte
 _BRACKETS = bytes.maketrans(b"{}", b"[]")  # bytes.translate: every container as [ ]
 _STEPS = bytes.maketrans(b"[]", b"\x01\xff")  # bytes.translate: brackets as steps, +1 and -1 (signed bytes)
 _NOT_BRACKET_OR_QUOTE = bytes(sorted(set(range(256)) - set(b'[]{}"')))  # the bytes bytes.translate then deletes
+_NOT_OPENING = bytes(sorted(set(range(256)) - set(b"[{")))  # bytes.translate deletes them to count containers
 
 
 def need(ok, code, message):
@@ -1828,6 +1833,11 @@ def strict_parse(raw, exact_ints=True, along=("evidence",)):
     return value, members
 
 
+def _containers(raw):
+    """How many arrays and objects JSON text may hold: its opening brackets, those in strings too (one pass)."""
+    return len(raw.translate(None, _NOT_OPENING))
+
+
 def _may_hold_big_int(raw):
     """Whether JSON text has a run of 16 digits, which any integer beyond 2^53 starts with: only then are integers
     read one by one (in Python) to refuse such ones."""
@@ -1849,7 +1859,7 @@ def _parse_and_canonicalise(raw, text, exact_ints, along):
     if not _may_mix(raw):
         value = _loads(text, integers)
         return value, canonical_members(value, exact_ints, along, "")
-    if 16 * _astral_count(raw) > raw.count(b"{") + raw.count(b"["):
+    if 16 * _astral_count(raw) > _containers(raw):
         value = _loads(text, integers)
         twin = json.loads(_marked_text(raw))
         return value, canonical_members(twin, exact_ints, along, _MARK)
@@ -1884,8 +1894,8 @@ def _refuse_duplicate_keys(text, canonical):
 
 def _refuse_deep_nesting(raw):
     """Nesting deeper than MAX_DEPTH (the request object is level 1)."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
-        return  # too few brackets to nest that deep
+    if _containers(raw) <= MAX_DEPTH:
+        return  # too few to nest that deep
     if _depth(_brackets_outside_strings(raw)) > MAX_DEPTH:
         _bad_json("nesting deeper than %d" % MAX_DEPTH)
 
