@@ -121,149 +121,330 @@ def confidence(verdict, signals):
 # ============================================================================================================
 # §2 Canonical JSON (RFC 8785) and hashing
 # ============================================================================================================
+# The RFC 8785 text of a parsed value is json.dumps's (in C), keys sorted and compact, with two corrections:
+# - numbers: json.dumps writes a float as repr does, RFC 8785 as ECMAScript does; _es_floats lays them out again;
+# - key order: json.dumps sorts keys by code point, RFC 8785 by UTF-16 code unit; where the two can differ, marks
+#   before astral characters make them agree: in the keys of a few objects, in place (_in_utf16_order), or in the
+#   raw text, parsed again as a twin of the value (_marked_text).
+# _jcs writes the same text in pure Python, for single values and receipts. The tests check both against an
+# independent implementation, on random values.
 
-_encode_str = json.encoder.encode_basestring  # JCS strings: only " \ and controls escaped, \u00xx lowercase
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text; unrolled: the parts never overlap
-# An integer that may reach 2^53 (ECMAScript writes it as a double: 2^60 is 1152921504606847000); from a run's start.
-_BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
-# json.dumps sorts keys by code point, RFC 8785 by UTF-16 code unit. The orders differ only between a character of
-# U+E000-U+FFFF and an astral one (above U+FFFF as a code point, a surrogate D800-DFFF as code units); these find
-# both in UTF-8 JSON text, escaped (\uE000; a high surrogate) or by an astral character's lead byte.
-_HIGH_ESCAPE, _ASTRAL_ESCAPE, _ASTRAL_LEAD = (
-    re.compile(rb"\\u[eEfF]"),
-    re.compile(rb"(\\u[dD][89abAB])"),  # split at, in _marked_text
-    re.compile(rb"[\xf0-\xf4]"),
+
+def _sha(data):
+    """'sha256:' and the hex SHA-256 of bytes."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _b64url(data):
+    """Unpadded base64url of bytes, as text."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+_encode_str = json.encoder.encode_basestring  # RFC 8785 strings: only " \ and controls escaped, \u00xx lowercase
+_SORTED = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"),
+                           check_circular=False)
+_INFINITY = float("inf")
+_EXACT = 2 ** 53  # integers below it in magnitude are written as they are
+
+# ---- numbers -----------------------------------------------------------------------------------------------
+# repr and ECMAScript write the same shortest round-trip digits; their layouts differ in these cases only
+# (repr -> ECMAScript): an integral value (12.0 -> 12, -0.0 -> 0), exponents -7 to -9 (1e-07 -> 1e-7), and the
+# exponents ECMAScript writes out: -5 and -6 (1.5e-05 -> 0.000015) and +16 to +20 (1.5e+16 -> 15000000000000000).
+_FLOAT_LITERALS = (  # (repr's text, ECMAScript's) between strings, where a number always ends before , ] or }
+    ("-0.0,", "0,"), ("-0.0]", "0]"), ("-0.0}", "0}"),  # minus zero before ".0", which would leave "-0"
+    (".0,", ","), (".0]", "]"), (".0}", "}"),
+    ("e-07", "e-7"), ("e-08", "e-8"), ("e-09", "e-9"),
 )
-# A mark before each astral character makes code point order UTF-16 order: its first code point, U+DBFF, sorts against
-# any other character as an astral character's high surrogate does, and after it astral characters sort as in
-# UTF-16. Marks leave json.dumps's text by one replace, so input must not be able to make one (an input's lone
-# surrogate stays, to be refused). Keys marked in place take _MARK, a surrogate pair as two code points: json.loads
-# joins escaped pairs, and strict_parse refuses raw surrogates. Marked JSON text takes _TEXT_MARK, written as
-# _TEXT_MARK_JSON: an escaped lone U+DBFF and U+10FFFF; input cannot make it either, as every astral character in
-# marked text has a mark before it. _SEPARATOR is never in parsed text.
-_MARK, _TEXT_MARK, _SEPARATOR = "\udbff\udfff", "\udbff\U0010ffff", "\ud800\udc00"
-_TEXT_MARK_JSON, _ASTRAL_CHAR = b"\\udbff" + "\U0010ffff".encode(), re.compile("([\U00010000-\U0010ffff])")
-# a float whose repr and ECMAScript forms differ (see _ES_LITERALS): integral, or with some exponents
-_FLOAT_FORMS = re.compile(r"\.0[,\]}]|e-0[5-9]|e\+(?:1[6-9]|20)(?![0-9])")
-_SORTED = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=False
+# The numbers ECMAScript writes out, read reversed ("1.5e+16" reads "61+e5.1"): each starts at its exponent, and the
+# zeros ECMAScript adds after its digits come before them, so a %-format lays them out again, reversed.
+_SMALL_DIGITS = r"([0-9]*)\.?([0-9])"  # after e-05 or e-06, reversed: the other digits, the first digit
+_LARGE_DIGITS = r"([0-9]*)\."  # after e+16 to e+20, reversed: the digits after the point (see _whole_large)
+_WRITTEN_OUT = (  # (exponent, its digits in reversed text, their layout, reversed)
+    ("e-05", _SMALL_DIGITS, "%s%s0000.0"),  # 1.5e-05: "5", "1" -> "510000.0"
+    ("e-06", _SMALL_DIGITS, "%s%s00000.0"),
+    ("e+16", _LARGE_DIGITS, "%16s"),  # 1.5e+16: "5" -> 15 spaces and "5"; the spaces become zeros
+    ("e+17", _LARGE_DIGITS, "%17s"),
+    ("e+18", _LARGE_DIGITS, "%18s"),
+    ("e+19", _LARGE_DIGITS, "%19s"),
+    ("e+20", _LARGE_DIGITS, "%20s"),
 )
 
 
-_sha = lambda data: "sha256:" + hashlib.sha256(data).hexdigest()
-_b64url = lambda data: base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+def _from_exponent(exponent, digits):
+    """A pattern for reversed text: a number's exponent (reversed) where no digit precedes it (e+16 is not the end
+    of e+160), then the digits that follow it there. The exponent comes first, so a search finds it at once."""
+    backwards = re.escape(exponent[::-1])
+    return re.compile(backwards + "(?<![0-9]" + backwards + ")" + digits)
 
 
-def _es_number(x):
-    # A number in ECMAScript Number.prototype.toString form, as RFC 8785 requires: integers below 2^53 as they are,
-    # any other as a double (2^60 is 1152921504606847000), in repr's digits laid out by _ES_LAYOUT.
-    if isinstance(x, int) and -(2**53) < x < 2**53:
-        return str(x)
-    if x != x or x in (float("inf"), float("-inf")):
-        raise ValueError("NaN and Infinity have no canonical JSON form")
-    text = repr(float(x))  # in the layouts' common ground (no exponent, not integral) repr is ECMAScript's form
-    return "0" if x == 0 else text if "e" not in text and not text.endswith(".0") else _es_floats("[%s]" % text)[1:-1]
+_WRITTEN_OUT_PATTERN = {exponent: _from_exponent(exponent, digits) for exponent, digits, _ in _WRITTEN_OUT}
 
 
-def _jcs(v):
-    # The exact RFC 8785 text of a JSON value, in pure Python.
-    if isinstance(v, str):
-        return _encode_str(v)
-    if v is None or isinstance(v, bool):
-        return "null" if v is None else "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return _es_number(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_jcs(i) for i in v) + "]"
-    if not isinstance(v, dict):
-        raise TypeError("not a JSON value: %s" % type(v).__name__)
-    return "{" + ",".join(  # keys in UTF-16 code unit order (marked ones too: see _MARK)
-        _encode_str(k) + ":" + _jcs(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
-    ) + "}"
+def _split_at_strings(text):
+    """json.dumps text split at its strings' quotes: the odd parts are the strings' contents. Escaped backslashes
+    and quotes are masked first (as \x01 and \x02, which json.dumps escapes, so they are free)."""
+    masked = text.replace("\\\\", "\x01").replace('\\"', "\x02")
+    return masked.split('"')
 
 
-# json.dumps writes a float as repr does, JCS as ECMAScript does: the same shortest round-trip digits in another
-# layout. They differ in five forms: 1.5e-05 is 0.000015 (and -06), 1.5e+16 is 15000000000000000 (up to e+20), 12.0
-# is 12, -0.0 is 0, 1e-07 is 1e-7 (and -08, -09). Each of the first two is a regex split (the mantissa's first digit,
-# the point dropped, its other digits; the exponent dropped) and one %-format that lays the pieces out again, zeros
-# added (5 of 1.5e+16 is padded by '%-16s' with spaces, which become zeros). The others, and 1e+16, are literal
-# replacements: between strings a number always precedes one of , ] }. No Python code runs for each number.
-_ES_FORMS = [  # (a substring the form needs, its pattern, how one match is laid out)
-    (exponent, re.compile(r"([0-9])\.?([0-9]*)" + exponent), zeros + "%s%s%s")
-    for exponent, zeros in (("e-05", "0.0000"), ("e-06", "0.00000"))
-] + [("e+%d" % e, re.compile(r"\.([0-9]*)e\+%d(?![0-9])" % e), "%%-%ds%%s" % e) for e in range(16, 21)]
-_ES_LITERALS = [  # (a substring they need, (repr's text, ECMAScript's) in order), after _ES_FORMS
-    (".0", [("-0.0" + end, "0" + end) for end in ",]}"] + [(".0" + end, end) for end in ",]}"]),
-    ("e-0", [("e-0%d" % digit, "e-%d" % digit) for digit in (7, 8, 9)]),
-] + [("e+%d" % e, [("e+%d%s" % (e, end), "0" * e + end) for end in ",]}"]) for e in range(16, 21)]
-
-
-def _es_floats(text):
-    # json.dumps text with its floats in ECMAScript layout. Strings are set aside by splitting at quotes, once
-    # escaped backslashes and quotes are masked (json.dumps escapes \x01 \x02 \x03, so they are free as masks).
-    parts = text.replace("\\\\", "\x01").replace('\\"', "\x02").split('"')
-    outside = "\x03".join(parts[0::2])  # the text between strings: no space, no %
-    for needed, pattern, layout in _ES_FORMS:
-        pieces = pattern.split(outside) if needed in outside else [outside]
-        outside = ("%s" + layout * ((len(pieces) - 1) // (pattern.groups + 1))) % tuple(pieces)
-    for needed, replacements in _ES_LITERALS:
-        for old, new in replacements if needed in outside else ():
-            outside = outside.replace(old, new)
-    parts[0::2] = outside.replace(" ", "0").split("\x03")
+def _join_at_strings(parts):
+    """The inverse of _split_at_strings."""
     return '"'.join(parts).replace("\x02", '\\"').replace("\x01", "\\\\")
 
 
+def _written_out(outside, rows):
+    """The text between strings with the numbers of the exponents in rows (of _WRITTEN_OUT) written out, in the
+    reversed text: for each exponent, a number that repeats, then each one left."""
+    backwards = outside[::-1]
+    for exponent, _, layout in rows:
+        pattern = _WRITTEN_OUT_PATTERN[exponent]
+        backwards = _lay_out_repeated(backwards, pattern, layout)
+        backwards = _lay_out_each(backwards, pattern, layout)
+    return backwards[::-1].replace(" ", "0")
+
+
+def _lay_out_repeated(backwards, pattern, layout):
+    """Reversed text with the first number pattern finds laid out wherever it repeats, by literal replacements (in
+    C), if it follows a comma a thousand times or more. It is replaced only after , ] or } (a number ends before one, so
+    e+16 is not read in e+160) and, without a point, with the character after it (reversed, 1e-05 is the start of
+    1.1e-05): only where it is the same number."""
+    found = pattern.search(backwards)
+    if found is None:
+        return backwards
+    end = found.end()
+    if "." not in found.group():
+        end += 1
+    number = backwards[found.start():end]
+    if backwards.count("," + number) < 1000:
+        return backwards
+    laid_out = (layout % found.groups()).replace(" ", "0") + backwards[found.end():end]
+    for before in ",]}":
+        backwards = backwards.replace(before + number, before + laid_out)
+    return backwards
+
+
+def _lay_out_each(backwards, pattern, layout):
+    """Reversed text with each number pattern finds laid out: one split and one %-format, both in C."""
+    pieces = pattern.split(backwards)  # text, then (the digits' groups, text) for each number
+    numbers = len(pieces) // (pattern.groups + 1)
+    if not numbers:
+        return backwards
+    layouts = (layout + "%s") * numbers
+    return ("%s" + layouts) % tuple(pieces)
+
+
+def _whole_large(outside, exponent):
+    """The text between strings with its numbers of exponent +16 to +20 that have no fraction written out (1e+16 is 1
+    and 16 zeros): a literal replacement, as a number always ends before , ] or } (so e+16 is not read in e+160)."""
+    zeros = "0" * int(exponent[2:])
+    for end in ",]}":
+        outside = outside.replace(exponent + end, zeros + end)
+    return outside
+
+
+def _es_floats(text):
+    """json.dumps text with its floats laid out as ECMAScript lays them out (see _FLOAT_LITERALS)."""
+    parts = _split_at_strings(text)
+    outside = "\x03".join(parts[0::2])  # numbers, literals and punctuation: no space, no \x03
+    for repr_text, es_text in _FLOAT_LITERALS:
+        outside = outside.replace(repr_text, es_text)
+    present = [row for row in _WRITTEN_OUT if row[0] in outside]
+    patterned = present
+    if "." not in outside:  # no fraction anywhere: the large exponents' patterns, which need one, cannot match
+        patterned = [row for row in present if row[1] == _SMALL_DIGITS]
+    if patterned:
+        outside = _written_out(outside, patterned)
+    for exponent, digits, _ in present:
+        if digits == _LARGE_DIGITS and exponent in outside:  # those with a fraction are written out already
+            outside = _whole_large(outside, exponent)
+    parts[0::2] = outside.split("\x03")
+    return _join_at_strings(parts)
+
+
+def _es_number(x):
+    """A number as ECMAScript's Number.prototype.toString writes it, as RFC 8785 requires: an integer below 2^53 as
+    it is, any other as a double (2^60 is 1152921504606847000). ValueError for NaN and the infinities."""
+    if isinstance(x, int) and -_EXACT < x < _EXACT:
+        return str(x)
+    if x != x or x in (_INFINITY, -_INFINITY):
+        raise ValueError("NaN and Infinity have no canonical JSON form")
+    if x == 0:
+        return "0"
+    text = repr(float(x))
+    if "e" not in text and not text.endswith(".0"):
+        return text  # positional with a fraction: written alike
+    return _es_floats("[%s]" % text)[1:-1]
+
+
+def _utf16_order(key):
+    """A key's sort key in RFC 8785: its UTF-16 code units (big-endian bytes sort as the units do)."""
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _jcs(v):
+    """The RFC 8785 text of a JSON value, in pure Python."""
+    if isinstance(v, str):
+        return _encode_str(v)
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return _es_number(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(map(_jcs, v)) + "]"
+    if not isinstance(v, dict):
+        raise TypeError("not a JSON value: %s" % type(v).__name__)
+    keys = sorted(v, key=_utf16_order)
+    members = [_encode_str(key) + ":" + _jcs(v[key]) for key in keys]
+    return "{" + ",".join(members) + "}"
+
+
+# ---- key order ---------------------------------------------------------------------------------------------
+# Code point and UTF-16 order differ only between a character of U+E000-U+FFFF and an astral one (above U+FFFF),
+# which UTF-16 writes as a surrogate pair (D800-DFFF), and so sorts first. A mark before each astral character makes
+# code point order UTF-16 order: its first code point, U+DBFF, sorts against any other character as a high
+# surrogate does, and after equal marks astral characters compare as in UTF-16. The mark's U+10FFFF makes its
+# removal exact: every U+10FFFF of the input has a mark before it, so no U+DBFF of the input stands before one.
+_MARK = "\udbff\U0010ffff"
+_MARK_JSON = b"\\udbff\xf4\x8f\xbf\xbf"  # _MARK in UTF-8 JSON text: an escaped lone U+DBFF, then U+10FFFF
+# Keys marked in place, in a parsed value, take _KEY_MARK instead: no parsed text holds it, as json.loads joins an
+# escaped surrogate pair into one character and UTF-8 text holds no surrogate.
+_KEY_MARK = "\udbff\udfff"
+_KEY_SEPARATOR = "\ud800\udc00"  # between keys joined to be marked at once; no parsed text holds it either
+_BEFORE_ASTRAL = re.compile("(?=[\U00010000-\U0010ffff])")
+_ESCAPED_HIGH_SURROGATE = re.compile(rb"(\\u[dD][89abAB])")
+_ASTRAL_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")  # the lead bytes of a 4-byte (astral) UTF-8 character
+_NOT_ASTRAL_LEAD = bytes(b for b in range(256) if not 0xF0 <= b <= 0xF4)  # what bytes.translate deletes to count them
+_ESCAPED_HIGH_BMP = re.compile(rb"\\u[eEfF]")
+# The rest of a string, from an astral character to the next one (so each search is linear) or the string's end,
+# then a ':' after it: that string is a key. The two patterns start where an astral character does, as it is and
+# escaped; each starts with what a search can find at once.
+_TO_KEY_END = rb'[^"\\\xf0-\xf4]*(?:\\(?!u[dD][89abAB]).[^"\\\xf0-\xf4]*)*"[ \t\n\r]*:'
+_RAW_ASTRAL_IN_KEY = re.compile(rb"[\xf0-\xf4]" + _TO_KEY_END)
+_ESCAPED_ASTRAL_IN_KEY = re.compile(rb"\\u[dD][89abAB]" + _TO_KEY_END)
+
+
+def _astral_in_key(data):
+    """Whether UTF-8 JSON text may have a key holding an astral character: never a miss; a false alarm only where an
+    escaped backslash stands before text that reads like an escaped high surrogate."""
+    if _RAW_ASTRAL_IN_KEY.search(data):
+        return True
+    return bool(_ESCAPED_ASTRAL_IN_KEY.search(data))
+
+
 def _may_mix(data):
-    # Whether UTF-8 JSON text holds a character of U+E000-U+FFFF and an astral one, as they are or escaped: only then
-    # may an object need UTF-16 key order. A few scans in C; an escaped backslash before 'u' only costs a closer look.
-    escaped = b"\\u" in data
-    high = b"\xee" in data or b"\xef" in data or escaped and _HIGH_ESCAPE.search(data)
-    return bool(high and (_ASTRAL_LEAD.search(data) or escaped and _ASTRAL_ESCAPE.search(data)))
+    """Whether UTF-8 JSON text may hold a character of U+E000-U+FFFF and a key holding an astral one, as they are
+    or escaped: only then may an object need UTF-16 key order. An escaped backslash before 'u' only costs a closer
+    look."""
+    return _has_high_bmp(data) and _astral_in_key(data)
+
+
+def _has_high_bmp(data):
+    """Whether UTF-8 JSON text holds a character of U+E000-U+FFFF: its lead byte (EE or EF), or escaped."""
+    if b"\xee" in data or b"\xef" in data:
+        return True
+    return b"\\u" in data and bool(_ESCAPED_HIGH_BMP.search(data))
+
+
+def _astral_count(data):
+    """How many astral characters UTF-8 JSON text holds, as they are or escaped (an escaped backslash before text
+    that reads like an escaped high surrogate counts one more)."""
+    as_they_are = len(data.translate(None, _NOT_ASTRAL_LEAD))  # one pass, not one bytes.count for each lead
+    return as_they_are + len(_ESCAPED_HIGH_SURROGATE.findall(data))
 
 
 def _marked_text(data):
-    # UTF-8 JSON text with _TEXT_MARK before each astral character, escaped ones too: parsed, then written by
-    # json.dumps, its objects come out in UTF-16 key order (the marks then removed). Where a mark goes is first noted
-    # by a byte UTF-8 never holds (FF): before each escaped high surrogate, found by one split (escaped backslashes
-    # written \u005c, which parses alike), and before each lead byte, by a replacement each.
-    pieces = _ASTRAL_ESCAPE.split(data.replace(b"\\\\", b"\\u005c")) if b"\\u" in data else [data]
-    data = (b"%s" + b"\xff%s%s" * (len(pieces) // 2)) % tuple(pieces)
-    for lead in (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4"):
-        data = data.replace(lead, b"\xff" + lead)
-    return data.replace(b"\xff", _TEXT_MARK_JSON)
+    """UTF-8 JSON text with _MARK before each astral character, as it is or escaped as a surrogate pair.
+    Where a mark goes is noted first by a byte UTF-8 never holds (FF), so that no step marks another's marks.
+    Escaped backslashes are written \\u005c first (which parses alike), so that every \\u left starts an escape."""
+    unescaped = data.replace(b"\\\\", b"\\u005c")
+    pieces = _ESCAPED_HIGH_SURROGATE.split(unescaped)  # text, then (an escaped high surrogate, text) for each
+    escapes = pieces[1::2]
+    pieces[1::2] = [b"\xff" + escape for escape in escapes]
+    noted = b"".join(pieces)
+    for lead in _ASTRAL_LEADS:
+        noted = noted.replace(lead, b"\xff" + lead)
+    return noted.replace(b"\xff", _MARK_JSON)
 
 
-def _in_utf16_order(found, make):
-    # make() while the keys of the objects in found are marked in place (_MARK), so that json.dumps sorts them in
-    # UTF-16 order; then each object's members are restored, in order. Calls in C for each object (map), one split
-    # for all their keys.
-    saved, counts = list(map(dict.copy, found)), list(map(len, found))
-    keys = _MARK.join(_ASTRAL_CHAR.split(_SEPARATOR.join(itertools.chain.from_iterable(found)))).split(_SEPARATOR)
-    pairs = zip(keys, itertools.chain.from_iterable(map(dict.values, saved)))
+def _holding_astral_keys(objects):
+    """Those objects (each of two or more keys, so none joins its keys into "") with a key that holds an astral
+    character: each object's largest key character compared, in C (a Python test for each costs twice as much)."""
+    largest = map(max, map("".join, objects))
+    astral = map("\uffff".__lt__, largest)
+    return list(itertools.compress(objects, astral))
+
+
+def _marked_keys(objects):
+    """The keys of objects, in order, with _KEY_MARK before each astral character: joined, marked in one split and
+    join, and split apart again, all in C."""
+    keys = _KEY_SEPARATOR.join(itertools.chain.from_iterable(objects))
+    marked = _KEY_MARK.join(_BEFORE_ASTRAL.split(keys))
+    return marked.split(_KEY_SEPARATOR)
+
+
+def _in_utf16_order(objects, write):
+    """write() while the keys of those objects that hold an astral character carry _KEY_MARK before each one, so
+    that json.dumps sorts them in UTF-16 order; the objects' members are restored afterwards, in their order."""
+    marked = _holding_astral_keys(objects)
+    saved = list(map(dict.copy, marked))
+    values = itertools.chain.from_iterable(map(dict.values, saved))
+    pairs = zip(_marked_keys(marked), values)  # each object takes as many pairs as it has members, in turn
     try:
-        list(map(dict.clear, found))
-        list(map(dict.update, found, map(itertools.islice, itertools.repeat(pairs), counts)))
-        return make()
+        for obj, size in zip(marked, map(len, saved)):
+            obj.clear()
+            obj.update(itertools.islice(pairs, size))
+        return write()
     finally:
-        list(map(dict.clear, found))
-        list(map(dict.update, found, saved))
+        for obj, members in zip(marked, saved):
+            obj.clear()
+            obj.update(members)
+
+
+# ---- the canonical text ------------------------------------------------------------------------------------
+# an integer that may reach 2^53 (ECMAScript writes it as a double), from a run's start: 16 digits from 9, or 17
+_BIG_INT = re.compile(r"(?<![0-9.])(?:9[0-9]{15}|[0-9]{17})")
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a string in JSON text; unrolled: its parts never overlap
+_FLOAT_FORMS = re.compile(r"\.0[,\]}]|e-0[5-9]|e\+(?:1[6-9]|20)(?![0-9])")  # see _FLOAT_LITERALS
+
+
+def _has_big_int(text):
+    """Whether json.dumps text holds an integer that may reach 2^53: a quick search, then one outside strings."""
+    if not _BIG_INT.search(text):
+        return False
+    outside = _JSON_STRING.sub("", text)
+    return bool(_BIG_INT.search(outside))
+
+
+def _may_need_es_layout(text):
+    """Whether json.dumps text may hold a float that ECMAScript lays out otherwise: literal scans in C, then one
+    search (strings can only make it say yes)."""
+    if ".0" in text or "e-0" in text or "e+" in text:
+        return bool(_FLOAT_FORMS.search(text))
+    return False
 
 
 def _canonical_text(value, exact_ints=False, marked=None):
-    # The RFC 8785 text of a parsed JSON value: json.dumps (in C), with its floats laid out as ECMAScript does. The
-    # exact pure-Python path takes a lone scalar and integers that may reach 2^53 (unless the parser refused them:
-    # exact_ints). marked: the mark value's keys that need it carry (_MARK or _TEXT_MARK), or "" (strict_parse knows
-    # from the raw text); None: found out here, and if json.dumps's text may need it, that text is marked and parsed
-    # again.
+    """The RFC 8785 text of a parsed JSON value. exact_ints: the value holds no integer beyond +-(2^53 - 1) (the
+    parser refused them), so none needs the pure-Python path. marked: the mark the value's astral characters
+    carry (_MARK: a twin from _marked_text; _KEY_MARK: keys marked in place), or "" when none is needed; None:
+    found out here, and where json.dumps's text may need UTF-16 key order, that text is marked and parsed again."""
+    if not isinstance(value, (dict, list)):
+        return _jcs(value)
     text = _SORTED.encode(value)
-    if marked is None and not text.isascii() and _may_mix(text.encode("utf-8", "surrogatepass")):
-        return _canonical_text(json.loads(_marked_text(text.encode("utf-8", "surrogatepass"))), exact_ints, _TEXT_MARK)
-    big_int = not exact_ints and _BIG_INT.search(text) and _BIG_INT.search(_JSON_STRING.sub("", text))
-    if big_int or not isinstance(value, (dict, list)):
+    if marked is None and not text.isascii():
+        encoded = text.encode("utf-8", "surrogatepass")
+        if _may_mix(encoded):
+            twin = json.loads(_marked_text(encoded))
+            return _canonical_text(twin, exact_ints, _MARK)
+    if not exact_ints and _has_big_int(text):
         text = _jcs(value)
-    elif (".0" in text or "e-0" in text or "e+" in text) and _FLOAT_FORMS.search(text):  # literal scans first
+    elif _may_need_es_layout(text):
         text = _es_floats(text)
-    return text.replace(marked, "") if marked else text
+    if marked:
+        text = text.replace(marked, "")
+    return text
 
 
 def canonical_members(value, exact_ints=False, along=("evidence",), marked=None):
@@ -271,14 +452,32 @@ def canonical_members(value, exact_ints=False, along=("evidence",), marked=None)
     canonical_members along the rest. Made once per request, it serves the strict-JSON checks, the rules that read
     JSON text, and both receipt hashes (MCP: along params, arguments, evidence). The members on either side of the
     one along are written by one json.dumps each, however many they are. marked: see _canonical_text."""
-    if not (along and isinstance(value, dict) and along[0] in value):
+    key = along[0] if along else None
+    if not (isinstance(value, dict) and key in value):
         return {None: _canonical_text(value, exact_ints, marked)}
-    key, inner = along[0], canonical_members(value[along[0]], exact_ints, along[1:], marked)
-    # key is ASCII, so code point and UTF-16 order agree on which members come before it
-    before = _canonical_text({k: v for k, v in value.items() if k < key}, exact_ints, marked)[1:-1]
-    after = _canonical_text({k: v for k, v in value.items() if k > key}, exact_ints, marked)[1:-1]
-    whole = "{" + ",".join(filter(None, (before, _encode_str(key) + ":" + inner[None], after))) + "}"
-    return {None: whole, key: inner if len(along) > 1 else inner[None]}
+    inner = canonical_members(value[key], exact_ints, along[1:], marked)
+    before, after = _beside(value, key)
+    before_text = _canonical_text(before, exact_ints, marked)[1:-1]
+    middle = _encode_str(key) + ":" + inner[None]
+    after_text = _canonical_text(after, exact_ints, marked)[1:-1]
+    written = filter(None, (before_text, middle, after_text))  # a side with no members is left out
+    whole = "{" + ",".join(written) + "}"
+    if len(along) == 1:
+        inner = inner[None]
+    return {None: whole, key: inner}
+
+
+def _beside(value, key):
+    """(the members of an object before key, those after it). key is ASCII, so code point and UTF-16 order agree
+    on which members come before it."""
+    before = {}
+    after = {}
+    for name, member in value.items():
+        if name < key:
+            before[name] = member
+        elif name > key:
+            after[name] = member
+    return before, after
 
 
 # ============================================================================================================
@@ -3713,21 +3912,28 @@ def verify_receipt(receipt, keyring):
 
 # Where the OS has them: binary (Windows), not inherited by child processes, no link followed
 _OPEN_FLAGS = getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+_READ_FLAGS = os.O_RDONLY | _OPEN_FLAGS | getattr(os, "O_NONBLOCK", 0)  # opening a FIFO never waits for a writer
+_CREATE_FLAGS = _OPEN_FLAGS | os.O_WRONLY | os.O_CREAT | os.O_EXCL
+_APPEND_FLAGS = _OPEN_FLAGS | os.O_RDWR | os.O_APPEND
 # Windows keeps no POSIX modes (os.stat shows 0o666, or 0o444 read-only, whatever its ACLs say): no refusal by mode
 POSIX_MODES = os.name == "posix"
+_KEY_RING_HEADER = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
 
 
 def read_private_file(path, limit=65536, fd=None):
     """Text of a regular file group and others cannot access (else ValueError); reads fd if given. Where modes are
     not enforced (Windows) it says so on stderr instead of refusing by mode."""
     own = fd is None
-    fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS | getattr(os, "O_NONBLOCK", 0)) if own else fd  # a FIFO never blocks
+    if own:
+        fd = os.open(path, _READ_FLAGS)
     try:
-        mode, data = os.fstat(fd).st_mode, os.read(fd, limit + 1)  # fstat of the open file: no check/use race
+        mode = os.fstat(fd).st_mode  # of the open file: no race between checking and reading
+        data = os.read(fd, limit + 1)
     finally:
         if own:
             os.close(fd)
-    if not stat.S_ISREG(mode) or POSIX_MODES and mode & 0o077 or len(data) > limit:
+    shared = POSIX_MODES and mode & 0o077
+    if not stat.S_ISREG(mode) or shared or len(data) > limit:
         raise ValueError(
             "refusing %s: it must be a regular file of at most %d bytes, not accessible by group or "
             "others (mode %03o; run chmod 600 on it)" % (path, limit, mode & 0o777)
@@ -3744,28 +3950,42 @@ def load_keyring(path):
 
 def keygen(path):
     """Create the key ring (O_CREAT|O_EXCL, 0600) or append through one checked O_NOFOLLOW descriptor; the kid."""
-    kid = "k" + time.strftime("%Y%m%d", time.gmtime()) + "-" + secrets.token_hex(3)
-    line = "%s %s\n" % (kid, _b64url(secrets.token_bytes(32)))
+    day = time.strftime("%Y%m%d", time.gmtime())
+    kid = "k%s-%s" % (day, secrets.token_hex(3))
+    key = _b64url(secrets.token_bytes(32))
+    line = "%s %s\n" % (kid, key)
     try:  # a new file never exists with a wider mode
-        fd, old = os.open(path, _OPEN_FLAGS | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), None
+        fd = os.open(path, _CREATE_FLAGS, 0o600)
+        prefix = _KEY_RING_HEADER
     except FileExistsError:
-        fd, old = os.open(path, _OPEN_FLAGS | os.O_RDWR | os.O_APPEND), ""
+        fd = os.open(path, _APPEND_FLAGS)
+        prefix = None
     try:
-        if old is None:
-            prefix = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
-        else:
-            old = read_private_file(path, fd=fd)  # the file written is the file checked
-            KeyRing.parse(old, allow_empty=True)  # never append to a file that does not load
-            prefix = "" if old.endswith("\n") or not old else "\n"
-        os.write(fd, (prefix + line).encode("ascii"))
+        if prefix is None:
+            prefix = _before_new_key(path, fd)
+        written = prefix + line
+        os.write(fd, written.encode("ascii"))
     finally:
         os.close(fd)
     return kid
 
 
+def _before_new_key(path, fd):
+    """What goes before a new key line in the key ring open at fd: a line break if its last line lacks one.
+    ValueError if the ring does not load: a key is never appended to a file that does not load."""
+    old = read_private_file(path, fd=fd)  # the file written is the file checked
+    KeyRing.parse(old, allow_empty=True)
+    if old and not old.endswith("\n"):
+        return "\n"
+    return ""
+
+
 # ============================================================================================================
 # §6 Request validation and strict JSON
 # ============================================================================================================
+# json.loads is lenient: it reads NaN, keeps the last of duplicate keys, lets lone surrogates and any depth through,
+# and reads integers of any size. strict_parse parses once with json.loads and refuses each of those by a named
+# check, most of them over the canonical text it makes anyway.
 
 
 class RequestError(ValueError):
@@ -3773,41 +3993,52 @@ class RequestError(ValueError):
 
     def __init__(self, code, message, status=400, headers=()):
         ValueError.__init__(self, message)
-        self.code, self.message, self.status, self.headers = code, message, status, list(headers)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.headers = list(headers)
 
 
-# digits -> '0', other bytes -> ' '; opening brackets +1, closing -1 as signed bytes; the bytes that are neither
-# bracket nor quote; a string once only quotes and brackets are left
-_DIGIT_MASK, _DEPTH_STEP, _NOT_DEPTH, _BARE_STRING = (
-    bytes(48 if 48 <= b < 58 else 32 for b in range(256)),
-    bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff"),
-    bytes(set(range(256)) - set(b'[]{}"')),
-    re.compile(rb'"[^"]*"'),
-)
-MAX_INT = 2**53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
+MAX_INT = 2 ** 53 - 1  # I-JSON (RFC 7493): larger integers have no exact canonical (double) form
+_DIGITS_AS_ZEROS = bytes(48 if 48 <= b < 58 else 32 for b in range(256))  # bytes.translate: digits "0", others " "
+_BRACKETS = bytes.maketrans(b"{}", b"[]")  # bytes.translate: every container as [ ]
+_STEPS = bytes.maketrans(b"[]", b"\x01\xff")  # bytes.translate: brackets as steps, +1 and -1 (signed bytes)
+_NOT_BRACKET_OR_QUOTE = bytes(sorted(set(range(256)) - set(b'[]{}"')))  # the bytes bytes.translate then deletes
+_NOT_OPENING = bytes(sorted(set(range(256)) - set(b"[{")))  # bytes.translate deletes them to count containers
 
 
 def need(ok, code, message):
-    # Raise RequestError(code, message) unless ok.
+    """Raise RequestError(code, message) unless ok."""
     if not ok:
         raise RequestError(code, message)
 
 
 def _bad_json(message):
+    """Raise RequestError('invalid_json', message)."""
     raise RequestError("invalid_json", message)
 
 
-def _exact_int(s):
-    value = int(s) if len(s) <= 17 else MAX_INT + 1
-    return value if -MAX_INT <= value <= MAX_INT else _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+def _exact_int(digits):
+    """An integer of JSON text (json.loads's parse_int), refused beyond +-(2^53 - 1)."""
+    value = MAX_INT + 1
+    if len(digits) <= 17:  # a longer run is beyond it anyway, and int() of a long run is slow
+        value = int(digits)
+    if not -MAX_INT <= value <= MAX_INT:
+        _bad_json("an integer beyond +-(2^53 - 1) (I-JSON, RFC 7493)")
+    return value
+
+
+def _no_constant(name):
+    """json.loads's parse_constant: NaN, Infinity and -Infinity are refused."""
+    _bad_json("NaN and Infinity are not JSON")
 
 
 class _CollectorPause(object):
-    # The cyclic garbage collector stays off while any thread handles a request: a 1 MiB body can hold 500,000
-    # containers, none in a cycle, and every collection meanwhile would walk them all (it tripled the time of some
-    # bodies). A request frees what it made by reference counting; collection resumes when none is in flight.
-    # list.append and list.pop are atomic; a thread that enables the collector just as another enters costs that
-    # one a collection, never a wrong answer.
+    """The cyclic garbage collector stays off while any thread handles a request: a 1 MiB body can hold 500,000
+    containers, none in a cycle, and every collection meanwhile would walk them all. A request frees what it made by
+    reference counting; collection resumes when none is in flight. list.append and list.pop are atomic; a thread
+    that enables the collector just as another enters costs that one a collection, never a wrong answer."""
+
     def __init__(self):
         self._inside = []
 
@@ -3826,36 +4057,18 @@ _REQUEST = _CollectorPause()
 
 def strict_loads(raw, exact_ints=True):
     """Strict UTF-8 JSON: no NaN, duplicate keys, lone surrogates, depth > 32, integers beyond +-(2^53-1)."""
-    return strict_parse(raw, exact_ints)[0]
+    value, _ = strict_parse(raw, exact_ints)
+    return value
 
 
 def strict_parse(raw, exact_ints=True, along=("evidence",)):
-    """(value, its canonical_members along the given keys) of strict JSON (see strict_loads): the canonical text made
-    for the checks is kept for the rules and the receipt, so a request is parsed once and canonicalised once."""
+    """(value, its canonical_members along the given keys) of strict JSON (see strict_loads). The canonical text
+    made for the checks is kept for the rules and the receipt: a request is parsed once and canonicalised once."""
     try:
         text = raw.decode("utf-8")
-        containers = text.count("{") + text.count("[")
-        # Where a key order may differ (_may_mix), the text with its astral characters marked: parsed again for the
-        # canonical text (a twin of value) where they are many, as marking an object's keys in place costs about as
-        # much as parsing sixteen containers. Else the objects of two or more keys are found (one call in C each).
-        marked = _marked_text(raw) if _may_mix(raw) else b""
-        twin = 16 * marked.count(_TEXT_MARK_JSON) > containers
-        found = []
-        value = json.loads(
-            text,  # 16 digits start any integer >= 2^53: only then are integers read one by one
-            parse_int=_exact_int if exact_ints and b"0" * 16 in raw.translate(_DIGIT_MASK) else None,
-            parse_constant=lambda name: _bad_json("NaN and Infinity are not JSON"),
-            object_hook=(lambda obj: len(obj) > 1 and found.append(obj) or obj) if marked and not twin else None,
-        )
-        # without an astral character in a key the orders agree: nothing to mark
-        found = found if _ASTRAL_CHAR.search(_SEPARATOR.join(itertools.chain.from_iterable(found))) else []
-        if twin or 16 * len(found) > containers:
-            members = canonical_members(json.loads(marked), exact_ints, along, _TEXT_MARK)
-        else:
-            mark = _MARK if found else ""
-            members = _in_utf16_order(found, lambda: canonical_members(value, exact_ints, along, mark))
-        again = members[None]
-        again.encode("utf-8")  # a lone surrogate cannot be encoded (and the receipt encodes it anyway)
+        value, members = _parse_and_canonicalise(raw, text, exact_ints, along)
+        canonical = members[None]
+        canonical.encode("utf-8")  # a lone surrogate has no UTF-8 form (and a receipt hashes UTF-8)
     except RequestError:
         raise
     except UnicodeError:
@@ -3863,53 +4076,142 @@ def strict_parse(raw, exact_ints=True, along=("evidence",)):
     except RecursionError:
         _bad_json("nesting deeper than %d" % MAX_DEPTH)
     except ValueError as e:
-        problem = "a number does not fit a double" if "Out of range" in str(e) else getattr(e, "msg", "invalid JSON")
-        _bad_json("%s (at character %s)" % (problem, getattr(e, "pos", "?")))
-    # A duplicate key leaves fewer ':' outside strings in the re-encoded text. Strings hold as many ':' in both texts
-    # once the escaped ones (\u003a, after a backslash that is not itself escaped) are counted: counts in C.
-    escaped_colons = text.replace("\\\\", "").lower().count("\\u003a") if "\\u" in text else 0
-    if text.count(":") + escaped_colons != again.count(":"):
-        _bad_json("duplicate object key")
-    # Depth: the running depth over the brackets outside strings, counted in C.
-    if containers > MAX_DEPTH:
-        # with escaped backslashes and quotes masked, only brackets (as steps) and quotes are kept: most strings are
-        # then "", dropped in one C pass, not a regex match each
-        unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
-        steps = _BARE_STRING.sub(b"", unescaped.translate(_DEPTH_STEP, _NOT_DEPTH).replace(b'""', b""))
-        # fewer steps to add up, in C: the leaves (an opening step right before a closing one) go, each time taking
-        # every depth one lower, while they are a fifth of the steps; then a run of eight like steps becomes one step
-        # (the run's end, its deepest point, stays)
-        lowered, fewer = 0, steps.replace(b"\x01\xff", b"")
-        while 5 * len(fewer) < 4 * len(steps):
-            steps, fewer, lowered = fewer, fewer.replace(b"\x01\xff", b""), lowered + 1
-        steps = steps.replace(b"\x01" * 8, b"\x08").replace(b"\xff" * 8, b"\xf8")
-        if lowered + max(itertools.accumulate(memoryview(steps).cast("b")), default=0) > MAX_DEPTH:
-            _bad_json("nesting deeper than %d" % MAX_DEPTH)
+        _bad_json(_problem(e))
+    _refuse_duplicate_keys(text, canonical)
+    _refuse_deep_nesting(raw)
     return value, members
+
+
+def _containers(raw):
+    """How many arrays and objects JSON text may hold: its opening brackets, those in strings too (one pass)."""
+    return len(raw.translate(None, _NOT_OPENING))
+
+
+def _may_hold_big_int(raw):
+    """Whether JSON text has a run of 16 digits, which any integer beyond 2^53 starts with: only then are integers
+    read one by one (in Python) to refuse such ones."""
+    return b"0" * 16 in raw.translate(_DIGITS_AS_ZEROS)
+
+
+def _loads(text, integers_one_by_one, object_hook=None):
+    """json.loads, refusing NaN and the infinities, and (if asked) integers beyond +-(2^53 - 1)."""
+    parse_int = _exact_int if integers_one_by_one else None
+    return json.loads(text, parse_int=parse_int, parse_constant=_no_constant, object_hook=object_hook)
+
+
+def _parse_and_canonicalise(raw, text, exact_ints, along):
+    """(value, its canonical_members) of JSON text. Where key order may differ from code point order (_may_mix),
+    objects with keys that hold an astral character are marked in place while the canonical text is written, or,
+    where such characters are many, that text is written from a twin parsed from the raw text, marked: marking an
+    object in place costs about as much as parsing sixteen containers again."""
+    integers = exact_ints and _may_hold_big_int(raw)
+    if not _may_mix(raw):
+        value = _loads(text, integers)
+        return value, canonical_members(value, exact_ints, along, "")
+    if 16 * _astral_count(raw) > _containers(raw):
+        value = _loads(text, integers)
+        twin = json.loads(_marked_text(raw))
+        return value, canonical_members(twin, exact_ints, along, _MARK)
+    objects = []
+
+    def collect(obj):  # json.loads's object_hook: key order can matter only to an object of two or more keys
+        if len(obj) > 1:
+            objects.append(obj)
+        return obj
+    value = _loads(text, integers, collect)
+    return value, _in_utf16_order(objects, lambda: canonical_members(value, exact_ints, along, _KEY_MARK))
+
+
+def _problem(error):
+    """What json.loads or json.dumps found wrong, with the character it was found at."""
+    problem = getattr(error, "msg", "invalid JSON")
+    if "Out of range" in str(error):  # json.dumps refuses the infinity json.loads read for 1e400
+        problem = "a number does not fit a double"
+    return "%s (at character %s)" % (problem, getattr(error, "pos", "?"))
+
+
+def _refuse_duplicate_keys(text, canonical):
+    """json.loads keeps the last of duplicate keys. Each member has one ':' outside strings, and strings hold as many
+    in the canonical text as in the request once its escaped ones (\\u003a) are counted: a dropped duplicate leaves
+    fewer in the canonical text."""
+    escaped = 0
+    if "\\u" in text:  # escaped backslashes go first, so that each \u003a left is an escape
+        escaped = text.replace("\\\\", "").lower().count("\\u003a")
+    if text.count(":") + escaped != canonical.count(":"):
+        _bad_json("duplicate object key")
+
+
+def _refuse_deep_nesting(raw):
+    """Nesting deeper than MAX_DEPTH (the request object is level 1)."""
+    if _containers(raw) <= MAX_DEPTH:
+        return  # too few to nest that deep
+    if _depth(_brackets_outside_strings(raw)) > MAX_DEPTH:
+        _bad_json("nesting deeper than %d" % MAX_DEPTH)
+
+
+def _depth(brackets):
+    """How deep balanced brackets ('[' and ']' only) nest. A round removes the innermost pairs, lowering every level
+    by one, while that removes a fifth or more (so the rounds cost at most five passes); the depth of what is left
+    is the highest running sum of its steps, +1 and -1, each run of four like steps taken as one step."""
+    rounds = 0
+    fewer = brackets.replace(b"[]", b"")
+    while 5 * len(fewer) <= 4 * len(brackets) and brackets:
+        rounds += 1
+        brackets = fewer
+        fewer = brackets.replace(b"[]", b"")
+    steps = brackets.translate(_STEPS).replace(b"\x01" * 4, b"\x04").replace(b"\xff" * 4, b"\xfc")
+    return rounds + max(itertools.accumulate(memoryview(steps).cast("b")), default=0)
+
+
+def _brackets_outside_strings(raw):
+    """The brackets of JSON text outside its strings, every container as [ ]. Escaped backslashes and quotes go
+    first, so that each quote left starts or ends a string. Once only brackets and quotes are kept, two adjacent
+    quotes enclose no bracket that counts (an empty string, or the space between two strings): dropping them all
+    at once leaves only the strings that hold brackets to split out."""
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    kept = unescaped.translate(_BRACKETS, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
+    return b"".join(kept.split(b'"')[0::2])
 
 
 def validate_request(obj):
     """A /verify body or MCP arguments, checked: RequestError on the first problem, never truncation."""
     need(isinstance(obj, dict), "invalid_request", "the request must be a JSON object")
-    need(not set(obj) - set(REQUEST_FIELDS), "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
-    claim, kind, context, caller = obj.get("claim"), obj.get("kind"), obj.get("context"), obj.get("caller_context")
+    unknown = set(obj) - set(REQUEST_FIELDS)
+    need(not unknown, "unknown_field", "allowed fields: " + ", ".join(REQUEST_FIELDS))
+    claim = obj.get("claim")
     need(isinstance(claim, str) and claim.strip(), "invalid_claim", "claim must be a non-empty string")
     need(len(claim) <= MAX_CLAIM, "claim_too_long", "claim is longer than %d characters" % MAX_CLAIM)
     need(isinstance(obj.get("evidence"), dict), "invalid_evidence", "evidence must be a JSON object")
-    need(kind is None or (isinstance(kind, str) and kind.lower() in KINDS), "unknown_kind", "kind: " + ", ".join(KINDS))
+    kind = obj.get("kind")
+    known = kind is None or isinstance(kind, str) and kind.lower() in KINDS
+    need(known, "unknown_kind", "kind: " + ", ".join(KINDS))
+    context = obj.get("context")
     need(context is None or isinstance(context, str), "invalid_context", "context must be a string")
-    context_ok = context is None or len(context) <= MAX_CONTEXT
-    need(context_ok, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
-    need(
-        caller is None or isinstance(caller, dict) and len(caller) <= MAX_CALLER_KEYS and all(
-            0 < len(k) <= MAX_CALLER_STR
-            and (v is None or isinstance(v, (bool, int, float)) or isinstance(v, str) and len(v) <= MAX_CALLER_STR)
-            for k, v in caller.items()
-        ),
-        "invalid_caller_context",
-        "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null",
-    )
+    short = context is None or len(context) <= MAX_CONTEXT
+    need(short, "context_too_long", "context exceeds %d characters" % MAX_CONTEXT)
+    need(_caller_context_ok(obj.get("caller_context")), "invalid_caller_context", _CALLER_CONTEXT)
     return obj
+
+
+_CALLER_CONTEXT = "caller_context: at most 8 keys of 1-64 characters; values strings (<= 64), numbers, booleans or null"
+
+
+def _caller_context_ok(caller):
+    """Whether caller_context is absent, or an object of at most MAX_CALLER_KEYS valid entries."""
+    if caller is None:
+        return True
+    if not isinstance(caller, dict) or len(caller) > MAX_CALLER_KEYS:
+        return False
+    return all(map(_caller_entry_ok, caller.keys(), caller.values()))
+
+
+def _caller_entry_ok(key, value):
+    """A caller_context entry: a key of 1-64 characters; a scalar value, a string one of at most 64."""
+    if not 0 < len(key) <= MAX_CALLER_STR:
+        return False
+    if isinstance(value, str):
+        return len(value) <= MAX_CALLER_STR
+    return value is None or isinstance(value, (bool, int, float))
 
 
 # ============================================================================================================
@@ -4341,17 +4643,16 @@ ROUTES = {
     "/receipts/verify": "POST",
     "/mcp": "POST",
 }
-_ALLOW, _SINGLE = (  # the methods of each route kind; the headers that must not be repeated
-    {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"},
-    {"content-length", "transfer-encoding", "authorization", "origin", "content-type"},
-)
+_ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}  # by route kind
+_SINGLE = frozenset({"content-length", "transfer-encoding", "authorization", "origin", "content-type"})  # once a head
 _PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
-# MAX_HEAD: bytes of a request line and headers; GRACE: seconds a worker waits on a quiet keep-alive connection
-# for its next request; LINGER: seconds a closing connection's input is discarded, so the client reads the answer
-# rather than a reset
-MAX_HEAD, GRACE, LINGER = 16384, 0.05, 2.0
+MAX_HEAD = 16384  # bytes of a request line and headers
+GRACE = 0.05  # seconds a worker waits on a quiet keep-alive connection for its next request
+LINGER = 2.0  # seconds a closing connection's input is discarded, so that the client reads the answer, not a reset
+WRITE_DEADLINE = 2.0  # seconds a response may take to be written; a client that does not read loses its connection
 # connections open at once; select(), Windows' only selector, watches at most 512 sockets there
 MAX_CONNS = 500 if selectors.DefaultSelector is selectors.SelectSelector else 1000
+MAX_CONNS_PER_CLIENT = 64  # connections open at once from one address (behind a reverse proxy: the proxy's)
 # The page's script and style, served as /page.js and /page.css: the page holds no inline script or style, so its
 # Content-Security-Policy (CSP) can allow only files from this origin.
 _SCRIPT = """
@@ -4480,67 +4781,134 @@ def render_page():
 
 
 def _is_loopback(host):
+    """Whether a --host value names a loopback address (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
     try:
-        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 
 
+_DEFAULT_PORTS = (("https:", ":443"), ("http:", ":80"))  # (scheme, its default port as an origin ends with it)
+
+
 def _norm_origin(value):
-    # An origin in lower case without its scheme's default port (https://x:443 is https://x).
-    v = value.lower() if value else value
-    return (
-        v[:-4] if v and v.startswith("https:") and v.endswith(":443")
-        else v[:-3] if v and v.startswith("http:") and v.endswith(":80")
-        else v
-    )
+    """An Origin header's value in lower case, without its scheme's default port (https://x:443 is https://x)."""
+    if not value:
+        return value
+    origin = value.lower()
+    for scheme, port in _DEFAULT_PORTS:
+        if origin.startswith(scheme) and origin.endswith(port):
+            return origin[: -len(port)]
+    return origin
 
 
 def _parse_head(lines):
-    # (method, path, headers, keep_alive, version) from the lines of a request head; RequestError if malformed.
+    """(method, path, headers, keep_alive, version) from the lines of a request head; RequestError if malformed."""
     method, _, rest = lines[0].rstrip("\r").partition(" ")
     target, _, version = rest.partition(" ")
     if not (method.isalpha() and method.isupper() and target[:1] in ("/", "*")):
         raise RequestError("bad_request_line", "malformed request line")
     if version not in ("HTTP/1.1", "HTTP/1.0"):
         raise RequestError("unsupported_http_version", "use HTTP/1.1")
+    headers = _parse_headers(lines[1:])
+    connection = headers.get("connection", "").lower()
+    if version == "HTTP/1.1":  # HTTP/1.1 keeps the connection unless told; 1.0 only if told
+        keep_alive = "close" not in connection
+    else:
+        keep_alive = "keep-alive" in connection
+    path = target.split("?", 1)[0]
+    return method, path, headers, keep_alive, version
+
+
+def _parse_headers(lines):
+    """{lower-case name: value} of a head's header lines, a repeated header's values joined by ', '; RequestError
+    for a malformed or folded line, a repeat of a header in _SINGLE, or more than 100 headers."""
     headers = {}
-    for line in filter(None, (x.rstrip("\r") for x in lines[1:])):
-        name, colon, value = line.partition(":")
+    for line in lines:
+        name, colon, value = line.rstrip("\r").partition(":")
+        if not (name or colon):
+            continue  # the empty line that ends the head
         name = name.lower()
-        if not colon or name != name.strip() or not name or len(headers) > 99 or name in headers.keys() & _SINGLE:
+        repeated = name in headers and name in _SINGLE
+        if repeated or not colon or not name or name != name.strip() or len(headers) > 99:
             raise RequestError("bad_header", "a malformed, folded or repeated header line")
-        headers[name] = headers[name] + ", " + value.strip() if name in headers else value.strip()
-    connection = headers.get("connection", "").lower()  # HTTP/1.1 keeps the connection unless told; 1.0 if told
-    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    return method, target.split("?", 1)[0], headers, keep_alive, version
+        value = value.strip()
+        if name in headers:
+            value = headers[name] + ", " + value
+        headers[name] = value
+    return headers
+
+
+def _head_end(buf):
+    """Where the request head at the start of buf ends (just after its empty line), or -1 if it has not ended."""
+    crlf = buf.find(b"\n\r\n")
+    lf = buf.find(b"\n\n")
+    if crlf < 0 and lf < 0:
+        return -1
+    if lf < 0 or 0 <= crlf < lf:
+        return crlf + 3
+    return lf + 2
+
+
+def _is_json_utf8(content_type):
+    """Whether a Content-Type header says application/json, with no charset or a UTF-8 one."""
+    mime, *params = content_type.lower().split(";")
+    charsets = set()
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip() == "charset":
+            charsets.add(value.strip().strip('"'))
+    return mime.strip() == "application/json" and charsets <= {"utf-8", "utf8"}
 
 
 def _response(status, body, close, ctype="application/json", extra=(), head_only=False, keep10=False):
-    # The bytes of an HTTP/1.1 response; keep10 tells an HTTP/1.0 client that the connection stays open.
+    """The bytes of an HTTP/1.1 response; keep10 tells an HTTP/1.0 client that the connection stays open."""
     lines = ["HTTP/1.1 %d %s" % (status, _PHRASES[status]), "Cache-Control: no-store"]
-    lines += ["X-Content-Type-Options: nosniff"]
-    lines += ["Connection: close"] * close + ["Connection: keep-alive"] * keep10
-    lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)] if status != 204 else []
-    head = ("\r\n".join(lines + ["%s: %s" % h for h in extra]) + "\r\n\r\n").encode("latin-1")
-    return head if head_only or status == 204 else head + body
+    lines.append("X-Content-Type-Options: nosniff")
+    if close:
+        lines.append("Connection: close")
+    if keep10:
+        lines.append("Connection: keep-alive")
+    if status != 204:
+        lines += ["Content-Type: " + ctype, "Content-Length: %d" % len(body)]
+    lines += ["%s: %s" % header for header in extra]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if head_only or status == 204:
+        return head
+    return head + body
+
+
+_PAGE_HEADERS = [("Content-Security-Policy", CSP), ("X-Frame-Options", "DENY")]  # for / and its script and style
+# (status, body, content type, extra headers) when answering fails: a bug still gets an answer
+_INTERNAL_ERROR = (500, b'{"error":"internal_error","message":"the request could not be handled"}', "application/json",
+                   [])
 
 
 class _Conn(object):
-    # A client connection: the selector thread's, except while a worker answers its request.
+    """A client connection: the selector thread's, except while a worker answers its request."""
 
-    # head: a parsed head whose body is still arriving, (method, path, headers, keep, version, length); watched: the
-    # selector watches it for input; done: answered for the last time, input is discarded until the client closes
-    head, watched, done = None, False, False
-
-    def __init__(self, sock, now):
-        self.sock, self.buf, self.since = sock, bytearray(), now  # since: when the current phase began
+    def __init__(self, sock, peer, now):
+        self.sock = sock
+        self.peer = peer  # the client's address: connections are counted by it
+        self.buf = bytearray()  # input received, not yet parsed
+        self.out = b""  # the part of a response not yet written (a memoryview)
+        self.since = now  # when the current phase began: waiting for a request, reading it, writing, lingering
+        self.head = None  # a parsed head whose body is still arriving: (method, path, headers, keep, version, length)
+        self.events = 0  # what the selector watches it for
+        self.closing = False  # the connection closes once its response is written
+        self.done = False  # answered for the last time: input is discarded until the client closes
 
 
 class Server(object):
-    """HTTP/1.1 keep-alive without a thread per client. The selector thread accepts, reads heads and bodies without
-    blocking, refuses what a head shows, 408 after read_deadline, 503 after queue_wait, closes idle connections after
-    idle_timeout; a fixed pool of workers gets only whole requests, so a slow client never holds a worker."""
+    """HTTP/1.1 keep-alive without a thread per client. One selector thread accepts connections, reads heads and
+    bodies, and writes what a response leaves unwritten, never waiting on a client: it refuses what a head shows,
+    answers 408 after read_deadline and 503 after queue_wait, and closes a connection whose response is not
+    written within write_deadline, or that is idle for idle_timeout. A fixed pool of workers gets only whole
+    requests and never waits to write, so a client that sends slowly or does not read holds its own connection,
+    never a worker. At most max_conns connections are open, and at most max_conns_per_client from one address
+    (behind a reverse proxy every client is the proxy); beyond either a new connection gets 503 and is closed."""
 
     def __init__(
         self,
@@ -4555,154 +4923,271 @@ class Server(object):
         idle_timeout=15.0,
         queue_wait=5.0,
         max_conns=MAX_CONNS,
+        max_conns_per_client=MAX_CONNS_PER_CLIENT,
+        write_deadline=WRITE_DEADLINE,
     ):
-        self.service, self.workers, self.max_body, self.token = service, workers, max_body, token
-        self.read_deadline, self.idle_timeout, self.queue_wait, self.max_conns = (
-            read_deadline, idle_timeout, queue_wait, max_conns)
+        self.service = service
+        self.workers = workers
+        self.max_body = max_body
+        self.token = token
+        self.read_deadline = read_deadline
+        self.idle_timeout = idle_timeout
+        self.queue_wait = queue_wait
+        self.write_deadline = write_deadline
+        self.max_conns = max_conns
+        self.max_conns_per_client = max_conns_per_client
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=512)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
-        # the origins whose POSTs are accepted: the service's own (so the form on / works), the --allow-origin ones,
-        # and None (no Origin header: not a browser)
+        # the origins whose POSTs are accepted: the service's own (so that the form on / works), the --allow-origin
+        # ones, and None (no Origin header: not a browser)
+        named = self._own_origins(host) + list(origins)
+        self.origins = {_norm_origin(origin) for origin in named} | {None}
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()  # workers wake the selector through it
+        self._ready = collections.deque()  # (conn, request, queued at) for the workers, under _cv
+        self._returned = collections.deque()  # connections the workers hand back to the selector
+        self._cv = threading.Condition()
+        self._open = 0
+        self._peers = collections.Counter()  # open connections by client address
+        self._stop = False
+
+    def _own_origins(self, host):
+        # The service's own origins: the loopback names, for a loopback or wildcard bind, and the host it binds.
         loopback = _is_loopback(host)
-        names = ["127.0.0.1", "localhost", "[::1]"] if loopback or host in ("0.0.0.0", "::") else []
-        names += [] if loopback else ["[%s]" % host if ":" in host else host]
-        self.origins = {_norm_origin(o) for o in ["http://%s:%d" % (n, self.port) for n in names] + list(origins)}
-        self.origins |= {None}
-        # the selector, and a socket pair through which workers wake it
-        self._sel, (self._wake_r, self._wake_w) = selectors.DefaultSelector(), socket.socketpair()
-        # _ready: (conn, request, queued at) for the workers, under _cv; _returned: connections handed back
-        self._ready, self._returned, self._cv = collections.deque(), collections.deque(), threading.Condition()
-        self._open, self._stop = 0, False
+        names = []
+        if loopback or host in ("0.0.0.0", "::"):
+            names += ["127.0.0.1", "localhost", "[::1]"]
+        if not loopback:
+            names.append("[%s]" % host if ":" in host else host)
+        return ["http://%s:%d" % (name, self.port) for name in names]
 
     # ---- the selector thread ---------------------------------------------------------------------------------
 
     def serve_forever(self):
-        # Serve until shutdown(): this thread becomes the selector thread.
-        self._docs = {  # made now, so that /spec says what the sandbox enforces
+        """Serve until shutdown(): this thread becomes the selector thread."""
+        self._docs = self._documents()
+        for i in range(self.workers):
+            threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self.sock, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        swept = time.monotonic()
+        while not self._stop:
+            for key, events in self._sel.select(0.25):
+                self._on_event(key.data, events)
+            now = time.monotonic()
+            if now - swept >= 0.25:
+                swept = now
+                self._sweep(now)
+        self._close_everything()
+
+    def shutdown(self):
+        """Stop serve_forever (from another thread)."""
+        self._stop = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # its buffer is full, so the selector wakes anyway; or it has stopped already
+            pass
+
+    def _documents(self):
+        # The documents made once, when serving starts, so that /spec says what the sandbox enforces.
+        return {
             "/": render_page().encode("utf-8"),
             "/page.js": _SCRIPT.encode("utf-8"),
             "/page.css": _STYLE.encode("utf-8"),
             "/spec": _json_text(spec_document(self.service.sandbox)).encode("utf-8"),
             "/rules": _json_text(rules_document()).encode("utf-8"),
         }
-        for i in range(self.workers):
-            threading.Thread(target=self._work, name="va-worker-%d" % i, daemon=True).start()
-        self._wake_r.setblocking(False)
-        self._sel.register(self.sock, selectors.EVENT_READ, "accept")
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        swept = time.monotonic()
-        while not self._stop:
-            for key, _ in self._sel.select(0.25):
-                if key.data == "accept":
-                    self._accept()
-                elif key.data == "wake":  # workers hand back the connections whose requests they answered
-                    self._wake_r.recv(65536)
-                    while self._returned:
-                        self._advance(self._returned.popleft(), resumed=True)
-                else:
-                    self._receive(key.data)
-            if time.monotonic() - swept >= 0.25:
-                swept = time.monotonic()
-                self._sweep(swept)
-        conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]  # shut down:
-        for s in (self._sel, self.sock, self._wake_r, self._wake_w):
-            s.close()  # a worker still busy closes its own connection
-        with self._cv:
-            conns += [r[0] for r in self._ready]
-            self._ready.extend((None, None, 0) for _ in range(self.workers))  # one stop sign per worker
-            self._cv.notify_all()
-        for conn in conns + list(self._returned):
-            conn.sock.close()
 
-    def shutdown(self):
-        # Stop serve_forever (from another thread); the selector closes the wake socket after _stop.
-        self._wake_w.send(b"x")
-        self._stop = True
+    def _on_event(self, data, events):
+        # One selector event: connections to accept, workers handing connections back, or a client's socket ready.
+        if data == "accept":
+            self._accept()
+        elif data == "wake":
+            self._resume_returned()
+        elif events & selectors.EVENT_WRITE:
+            self._write(data)
+        else:
+            self._receive(data)
 
     def _accept(self):
+        # Accept every pending connection, or turn it away if the table or its client's share is full.
         while True:
             try:
-                sock = self.sock.accept()[0]
+                sock, address = self.sock.accept()
             except BlockingIOError:
                 return
             except OSError:  # no descriptor left (EMFILE): pause accepting until the next sweep, do not spin
-                return self._sel.unregister(self.sock)
+                self._sel.unregister(self.sock)
+                return
+            peer = address[0]
+            if self._open >= self.max_conns:
+                self._turn_away(sock, "too many connections")
+            elif self._peers[peer] >= self.max_conns_per_client:
+                self._turn_away(sock, "too many connections from this address")
+            else:
+                self._admit(sock, peer)
+
+    def _admit(self, sock, peer):
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._open += 1
+        self._peers[peer] += 1
+        self._advance(_Conn(sock, peer, time.monotonic()))
+
+    def _turn_away(self, sock, message):
+        # 503 at once, and close: a connection turned away never takes a slot. What the client has sent already is
+        # read first, so that closing does not reset the connection before the client reads the answer.
+        self.service.count("errors_by_status", "503")
+        body = _json_text({"error": "service_unavailable", "message": message}).encode("utf-8")
+        try:
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn, self._open = _Conn(sock, time.monotonic()), self._open + 1
-            if self._open > self.max_conns:
-                self._refuse(conn, "service_unavailable", "too many connections", 503)
-            self._advance(conn)
+            sock.send(_response(503, body, True))  # into an empty buffer: all of it
+            sock.shutdown(socket.SHUT_WR)
+            sock.recv(MAX_HEAD)
+        except OSError:  # nothing has arrived, or the client has gone
+            pass
+        sock.close()
+
+    def _resume_returned(self):
+        # Take back the connections the workers have answered on, and move each on.
+        try:
+            self._wake_r.recv(65536)
+        except BlockingIOError:  # woken for nothing (select may do that): there may still be connections
+            pass
+        while self._returned:
+            self._advance(self._returned.popleft())
 
     def _sweep(self, now):
-        # Deadlines: 408 for requests not read in time, 503 for requests queued too long, the end of idle and lingering
-        # connections; accepting resumes.
+        # Every 0.25 s: the connections past their phase's deadline, the requests queued too long, and accepting
+        # again after running out of descriptors.
         if self.sock not in self._sel.get_map():
             self._sel.register(self.sock, selectors.EVENT_READ, "accept")
-        for conn in [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]:
-            age, reading = now - conn.since, conn.buf or conn.head
-            if conn.done and age > LINGER or not reading and age > self.idle_timeout:
-                self._close(conn)
-            elif reading and not conn.done and age > self.read_deadline:
-                self._refuse(conn, "request_timeout", "not received in %gs" % self.read_deadline, 408, advance=True)
-        with self._cv:
-            late = [self._ready.popleft()[0] for _ in range(sum(now - r[2] > self.queue_wait for r in self._ready))]
-        for conn in late:
-            self._refuse(conn, "service_unavailable", "busy; retry", 503, advance=True)
+        watched = [key.data for key in self._sel.get_map().values() if isinstance(key.data, _Conn)]
+        for conn in watched:
+            if now - conn.since > self._deadline(conn):
+                self._expire(conn)
+        for conn in self._late(now):
+            self._refuse(conn, RequestError("service_unavailable", "busy; retry", 503))
+            self._advance(conn)
 
-    def _watch(self, conn, on):
-        # Have the selector watch conn for input, or stop.
-        if on and not conn.watched:
-            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
-        elif conn.watched and not on:
+    def _deadline(self, conn):
+        # The seconds conn's current phase may last: writing, lingering, reading a request, or waiting for one.
+        if conn.out:
+            return self.write_deadline
+        if conn.done:
+            return LINGER
+        if conn.buf or conn.head is not None:
+            return self.read_deadline
+        return self.idle_timeout
+
+    def _expire(self, conn):
+        # 408 for a request not read in time; any other phase past its deadline ends the connection.
+        reading = conn.buf or conn.head is not None
+        if reading and not (conn.out or conn.done):
+            self._refuse(conn, RequestError("request_timeout", "not received in %gs" % self.read_deadline, 408))
+            self._advance(conn)
+        else:
+            self._close(conn)
+
+    def _late(self, now):
+        # The connections whose requests have waited longer than queue_wait for a worker, taken off the queue.
+        late = []
+        with self._cv:
+            while self._ready and now - self._ready[0][2] > self.queue_wait:
+                late.append(self._ready.popleft()[0])
+        return late
+
+    def _watch(self, conn, events):
+        # Have the selector watch conn for events (EVENT_READ or EVENT_WRITE), or not at all (0).
+        if events == conn.events:
+            return
+        if not conn.events:
+            self._sel.register(conn.sock, events, conn)
+        elif not events:
             self._sel.unregister(conn.sock)
-        conn.watched = on
+        else:
+            self._sel.modify(conn.sock, events, conn)
+        conn.events = events
 
     def _close(self, conn):
-        self._watch(conn, False)
+        self._watch(conn, 0)
         conn.sock.close()
         self._open -= 1
+        self._peers[conn.peer] -= 1
+        if not self._peers[conn.peer]:
+            del self._peers[conn.peer]
 
     def _receive(self, conn):
-        # Part of a request, or input to discard while closing.
+        # Input on conn: part of a request, the client closing, or input discarded while conn lingers.
         try:
             data = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            data = None  # reset by the peer
-        if data and conn.done:
-            return
-        if not data and (conn.done or data is None or not (conn.buf or conn.head)):
-            return self._close(conn)
-        if not data:  # half-closed inside a request: say so before closing
+        except OSError:  # reset by the client
+            data = None
+        reading = conn.buf or conn.head is not None  # never while conn lingers
+        if data is None or not (data or reading):
+            self._close(conn)  # the client has gone, or closed between requests
+        elif conn.done:
+            pass  # lingering: input is discarded until the client closes
+        elif not data:  # half-closed inside a request: say so before closing
             code = "truncated_body" if conn.head else "truncated_request"
-            return self._refuse(conn, code, "the connection closed inside the request", advance=True)
-        conn.since = time.monotonic() if not conn.buf and conn.head is None else conn.since  # a request starts
-        conn.buf += data
-        self._advance(conn)
+            self._refuse(conn, RequestError(code, "the connection closed inside the request"))
+            self._advance(conn)
+        else:
+            if not reading:
+                conn.since = time.monotonic()  # a request starts
+            conn.buf += data
+            self._advance(conn)
 
-    def _advance(self, conn, resumed=False):
-        # Queue conn's whole request for a worker, refuse it, or wait for more input (or linger).
-        conn.since = time.monotonic() if resumed and conn.head is None else conn.since
-        if not conn.done:
-            try:
-                request = self._parse(conn)
-            except RequestError as e:
-                request = self._refuse(conn, e.code, e.message, e.status, e.headers)
-            if request is not None:
-                self._watch(conn, False)
-                with self._cv:
-                    self._ready.append((conn, request, time.monotonic()))
-                    self._cv.notify()
-                return
-        self._watch(conn, True)
+    def _write(self, conn):
+        # The socket has room: write more of conn's response, and once it is all written move conn on.
+        self._flush(conn)
+        if not conn.out:
+            self._advance(conn)
+
+    def _advance(self, conn):
+        # Move conn on, in the selector thread: write the rest of its response, queue its next whole request for a
+        # worker, or wait for input (more of a request, the next one, or the end of a lingering connection).
+        request = None
+        if not conn.out and not conn.done:
+            request = self._parse_or_refuse(conn)
+        if request is not None:
+            self._queue(conn, request)
+        elif conn.out:
+            self._watch(conn, selectors.EVENT_WRITE)
+        else:
+            self._watch(conn, selectors.EVENT_READ)
+
+    def _queue(self, conn, request):
+        # Hand a whole request to the workers; the selector does not watch conn meanwhile.
+        self._watch(conn, 0)
+        with self._cv:
+            self._ready.append((conn, request, time.monotonic()))
+            self._cv.notify()
+
+    def _close_everything(self):
+        # After shutdown(): close the selector, the sockets and every connection, and stop the workers (a worker
+        # still busy closes its own connection when it finds the selector gone).
+        conns = [key.data for key in self._sel.get_map().values() if isinstance(key.data, _Conn)]
+        for closable in (self._sel, self.sock, self._wake_r, self._wake_w):
+            closable.close()
+        with self._cv:
+            conns += [entry[0] for entry in self._ready]
+            self._ready.clear()
+            self._ready.extend([(None, None, 0)] * self.workers)  # one stop sign per worker
+            self._cv.notify_all()
+        for conn in conns + list(self._returned):
+            conn.sock.close()
 
     # ---- the workers -----------------------------------------------------------------------------------------
 
     def _work(self):
+        # A worker: answer whole requests until a stop sign comes.
         while True:
             with self._cv:
                 while not self._ready:
@@ -4710,39 +5195,51 @@ class Server(object):
                 conn, request, _ = self._ready.popleft()
             if conn is None:
                 return
-            while request is not None:
-                data, close = self._reply(*request)
-                try:  # a client that does not read holds this worker at most read_deadline
-                    conn.sock.settimeout(self.read_deadline)
-                    conn.sock.sendall(data)
-                except OSError:
-                    close = True
-                request = self._linger(conn) if close else self._next(conn)
-            conn.sock.setblocking(False)
-            self._returned.append(conn)
-            try:
-                self._wake_w.send(b"x")
-            except OSError:
-                conn.sock.close()  # shut down meanwhile
+            self._serve(conn, request)
+            self._hand_back(conn)
+
+    def _serve(self, conn, request):
+        # Answer request on conn, then the next ones while each response is written at once and the service is quiet.
+        while request is not None:
+            data, close = self._reply(*request)
+            self._send(conn, data, close)
+            request = None
+            if not conn.out and not conn.closing:
+                request = self._next(conn)
+
+    def _hand_back(self, conn):
+        # Give conn back to the selector, which writes what is left of its response or reads its next request.
+        self._returned.append(conn)
+        try:
+            self._wake_w.send(b"x")
+        except BlockingIOError:  # the selector has wake-ups waiting already
+            pass
+        except OSError:  # shut down meanwhile
+            conn.sock.close()
 
     def _next(self, conn):
-        # The keep-alive fast path when the service is quiet: a whole next request within GRACE stays with this worker;
-        # otherwise the connection goes back to the selector (None), so requests are served in order.
+        # The keep-alive fast path when the service is quiet: a whole next request that arrives within GRACE stays
+        # with this worker; otherwise None, and the connection goes back to the selector, so that requests are
+        # served in arrival order.
         if self._ready or self._open > 2:
             return None
+        if not conn.buf:
+            self._wait_for_input(conn)
         try:
-            if not conn.buf:
-                conn.sock.settimeout(GRACE)
-                data = conn.sock.recv(65536)
-                conn.buf, conn.since = conn.buf + data, time.monotonic()
-                if not data:
-                    return self._linger(conn)  # the client has gone
             return self._parse(conn)
         except RequestError as e:
-            self._refuse(conn, e.code, e.message, e.status, e.headers)
-        except OSError:
-            pass  # nothing came within GRACE (socket.timeout)
+            self._refuse(conn, e)
         return None
+
+    def _wait_for_input(self, conn):
+        # Up to GRACE for more input on conn (the client closing leaves it to the selector).
+        conn.sock.settimeout(GRACE)
+        try:
+            conn.buf += conn.sock.recv(65536)
+        except OSError:  # nothing came within GRACE (socket.timeout), or the client has gone
+            pass
+        finally:
+            conn.sock.setblocking(False)
 
     def _reply(self, method, path, headers, keep, version, body):
         # (the response to a whole request, whether to close the connection after it).
@@ -4751,8 +5248,8 @@ class Server(object):
         try:
             status, data, ctype, extra = self._answer(method, path, headers, body)
         except Exception:  # a bug must still answer, never drop the connection or print a traceback
-            status, close, ctype, extra = 500, True, "application/json", []
-            data = b'{"error":"internal_error","message":"the request could not be handled"}'
+            status, data, ctype, extra = _INTERNAL_ERROR
+            close = True
         if status >= 400:
             self.service.count("errors_by_status", str(status))
         keep10 = keep and not close and version == "HTTP/1.0"
@@ -4763,75 +5260,125 @@ class Server(object):
         if method == "OPTIONS":
             return 204, b"", "application/json", [("Allow", _ALLOW[ROUTES.get(path, "*")])]
         if path in _PAGE_TYPES:
-            return 200, self._docs[path], _PAGE_TYPES[path], [
-                ("Content-Security-Policy", CSP),
-                ("X-Frame-Options", "DENY"),
-            ]
-        if method != "POST":  # /spec and /rules are made once; /healthcheck and /stats now
-            doc = self._docs.get(path) or _json_text(
-                {"status": "ok", "version": VERSION, "sandbox": self.service.sandbox} if path == "/healthcheck"
-                else self.service.stats()
-            ).encode("utf-8")
-            return 200, doc, "application/json", []
+            return 200, self._docs[path], _PAGE_TYPES[path], _PAGE_HEADERS
+        if method != "POST":
+            return 200, self._get(path), "application/json", []
         status, obj = self.service.post(path, body, headers)
-        return status, b"" if obj is None else _json_text(obj).encode("utf-8"), "application/json", []
+        data = b"" if obj is None else _json_text(obj).encode("utf-8")
+        return status, data, "application/json", []
 
-    # ---- both: parsing, refusing, lingering ------------------------------------------------------------------
+    def _get(self, path):
+        # The JSON body of GET path: /spec and /rules were made when serving started; /healthcheck and /stats now.
+        if path in self._docs:
+            return self._docs[path]
+        if path == "/healthcheck":
+            doc = {"status": "ok", "version": VERSION, "sandbox": self.service.sandbox}
+        else:
+            doc = self.service.stats()
+        return _json_text(doc).encode("utf-8")
+
+    # ---- both: writing, refusing, parsing ----------------------------------------------------------------------
+
+    def _send(self, conn, data, close):
+        # Start writing a response on conn (close: then close the connection); the selector writes what the socket
+        # does not take now.
+        conn.out = memoryview(data)
+        conn.closing = close
+        conn.since = time.monotonic()
+        self._flush(conn)
+
+    def _flush(self, conn):
+        # Write as much of conn's response as its socket takes now, never waiting. Once all of it is written, the
+        # connection waits for its next request, or lingers if it is closing.
+        while conn.out:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):  # the socket's buffer is full: the selector waits for room
+                return
+            except OSError:  # the client has gone: nothing more can be said
+                sent = len(conn.out)
+            conn.out = conn.out[sent:]
+        conn.since = time.monotonic()
+        if conn.closing and not conn.done:
+            self._linger(conn)
 
     def _linger(self, conn):
         # After the last response: discard input until the client closes, so that it is not reset.
-        conn.done, conn.since, conn.buf, conn.head = True, time.monotonic(), bytearray(), None
+        conn.done = True
+        conn.buf = bytearray()
+        conn.head = None
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
 
-    def _refuse(self, conn, code, message, status=400, headers=(), advance=False):
-        # Answer an error and close, as the input is no longer in step: one small send, then linger.
-        self.service.count("errors_by_status", str(status))
-        body = _json_text({"error": code, "message": message}).encode("utf-8")
+    def _refuse(self, conn, error):
+        # Answer a RequestError, and close: the input is no longer in step with the requests.
+        self.service.count("errors_by_status", str(error.status))
+        body = _json_text({"error": error.code, "message": error.message}).encode("utf-8")
         head_only = conn.head is not None and conn.head[0] == "HEAD"
+        self._send(conn, _response(error.status, body, True, "application/json", error.headers, head_only), True)
+
+    def _parse_or_refuse(self, conn):
+        # The next whole request in conn's input, or None: not complete yet, or refused (the refusal is under way).
         try:
-            conn.sock.send(_response(status, body, True, "application/json", headers, head_only))
-        except OSError:
-            pass  # the client is not reading: nothing more can be said
-        self._linger(conn)
-        if advance:
-            self._advance(conn)
+            return self._parse(conn)
+        except RequestError as e:
+            self._refuse(conn, e)
+        return None
 
     def _parse(self, conn):
-        # The next whole request in conn.buf, or None until it is complete; RequestError for refusals.
-        buf = conn.buf
+        # The next whole request in conn.buf, (method, path, headers, keep, version, body), or None until it is
+        # complete; RequestError for a refusal.
         if conn.head is None:
-            if buf[:1] in (b"\r", b"\n"):
-                del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: ignore empty lines before a request
-            crlf, lf = buf.find(b"\n\r\n"), buf.find(b"\n\n")  # the head ends with an empty line
-            end = -1 if crlf < 0 and lf < 0 else crlf + 3 if lf < 0 or 0 <= crlf < lf else lf + 2
-            if (end if end >= 0 else len(buf)) > MAX_HEAD:  # a body may follow a short head in buf
-                raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
-            if end < 0:
-                return None
-            lines = bytes(buf[:end]).decode("latin-1").split("\n")
-            del buf[:end]
-            method, path, headers, keep, version = _parse_head(lines)
-            conn.head = (method,)  # so that a refusal of a HEAD request has no body
-            conn.head = (method, path, headers, keep, version, self._check(conn, method, path, headers))
-        length = conn.head[5]
-        if len(buf) < length:
+            conn.head = self._read_head(conn)
+        if conn.head is None or len(conn.buf) < conn.head[5]:
             return None
-        head, conn.head, body = conn.head, None, bytes(buf[:length])
-        del buf[:length]
+        head, length = conn.head, conn.head[5]
+        body = bytes(conn.buf[:length])
+        del conn.buf[:length]
+        conn.head = None
         return head[:5] + (body,)
+
+    def _read_head(self, conn):
+        # The head at the start of conn.buf, parsed and checked, with the body length it announces; None until it
+        # has ended.
+        buf = conn.buf
+        if buf[:1] in (b"\r", b"\n"):
+            del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]  # RFC 9112: empty lines before a request are ignored
+        end = _head_end(buf)
+        if end > MAX_HEAD or end < 0 and len(buf) > MAX_HEAD:  # a body may follow a short head in buf
+            raise RequestError("headers_too_large", "the request head exceeds %d bytes" % MAX_HEAD, 431)
+        if end < 0:
+            return None
+        lines = bytes(buf[:end]).decode("latin-1").split("\n")
+        del buf[:end]
+        method, path, headers, keep, version = _parse_head(lines)
+        conn.head = (method,)  # so that a refusal of a HEAD request has no body
+        length = self._check(conn, method, path, headers)
+        return method, path, headers, keep, version, length
 
     def _check(self, conn, method, path, headers):
         # The body length a head announces, or its refusal: 404 405 411 400 413 403 401 415, in that order.
-        route = "*" if path == "*" and method == "OPTIONS" else ROUTES.get(path)
+        route = ROUTES.get(path)
+        if path == "*" and method == "OPTIONS":
+            route = "*"
         if route is None:
             raise RequestError("not_found", "no such path; see GET /spec", 404)
         if method not in _ALLOW[route].split(", "):
             raise RequestError("method_not_allowed", "see Allow", 405, [("Allow", _ALLOW[route])])
         if method != "POST":
             return 0
+        length = self._body_length(headers)
+        self._check_sender(headers)
+        if not _is_json_utf8(headers.get("content-type", "")):
+            raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
+        if headers.get("expect", "").lower() == "100-continue" and len(conn.buf) < length:
+            self._continue(conn)
+        return length
+
+    def _body_length(self, headers):
+        # A POST's Content-Length, or its refusal: 411, 400, 413.
         length = headers.get("content-length")
         if "transfer-encoding" in headers or length is None:
             raise RequestError("length_required", "send the body with Content-Length (chunked is not accepted)", 411)
@@ -4839,23 +5386,25 @@ class Server(object):
             raise RequestError("bad_content_length", "Content-Length must be a decimal number")
         if int(length) > self.max_body:
             raise RequestError("body_too_large", "over %d bytes" % self.max_body, 413)
-        if _norm_origin(headers.get("origin")) not in self.origins:  # DNS-rebinding protection
-            raise RequestError("forbidden_origin", "this Origin is not allowed (see --allow-origin)", 403)
-        scheme, _, given = headers.get("authorization", "").partition(" ")
-        if self.token is not None and not (
-            scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), self.token)
-        ):
-            raise RequestError("unauthorized", "a bearer token is required", 401, [("WWW-Authenticate", "Bearer")])
-        mime, *params = headers.get("content-type", "").lower().split(";")  # application/json, in UTF-8 if said
-        charsets = {v.strip().strip('"') for k, _, v in (p.partition("=") for p in params) if k.strip() == "charset"}
-        if mime.strip() != "application/json" or not charsets <= {"utf-8", "utf8"}:
-            raise RequestError("unsupported_media_type", "Content-Type must be application/json (UTF-8)", 415)
-        if headers.get("expect", "").lower() == "100-continue" and len(conn.buf) < int(length):
-            try:
-                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-            except OSError:
-                pass
         return int(length)
+
+    def _check_sender(self, headers):
+        # A POST's Origin (DNS-rebinding protection) and bearer token, or their refusal: 403, 401.
+        if _norm_origin(headers.get("origin")) not in self.origins:
+            raise RequestError("forbidden_origin", "this Origin is not allowed (see --allow-origin)", 403)
+        if self.token is None:
+            return
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        token = given.strip().encode("latin-1")
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(token, self.token)):
+            raise RequestError("unauthorized", "a bearer token is required", 401, [("WWW-Authenticate", "Bearer")])
+
+    def _continue(self, conn):
+        # 100 Continue, for a client that waits for it before sending the body (into an empty socket buffer).
+        try:
+            conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        except OSError:
+            pass
 
 
 # ============================================================================================================
@@ -4866,6 +5415,7 @@ SANDBOX_MODES = ("auto", "on", "off")
 # Machines whose Linux syscall table numbers Landlock 444 (create_ruleset), 445 (add_rule), 446 (restrict_self).
 LANDLOCK_MACHINES = ("x86_64", "i386", "i486", "i586", "i686", "aarch64", "armv7l", "armv8l", "riscv64", "ppc64le",
                      "s390x", "loongarch64")
+LANDLOCK_FILESYSTEM_RIGHTS = ((1, 13), (2, 1), (3, 1), (5, 1), (9, 1))  # (from ABI, filesystem rights it adds)
 # Audit events (prefixes) refused once the sandbox is on: files opened by name or listed, imports, processes,
 # signals, sockets (but those accept() makes), native code, changes on disk.
 REFUSED_EVENTS = ("open", "os.listdir", "os.scandir", "import", "subprocess.", "_posixsubprocess.", "_winapi.",
@@ -4873,6 +5423,8 @@ REFUSED_EVENTS = ("open", "os.listdir", "os.scandir", "import", "subprocess.", "
                   "signal.pthread_kill", "pty.", "socket.", "ctypes.", "mmap.", "winreg.", "os.ch", "os.link",
                   "os.mkdir", "os.putenv", "os.unsetenv", "os.remove", "os.rename", "os.rmdir", "os.setxattr",
                   "os.symlink", "os.truncate", "os.utime")
+# every codec json.detect_encoding names (UTF-16 also orders canonical keys): loaded before the sandbox starts
+SANDBOX_CODECS = ("utf-8-sig", "utf-16", "utf-16-be", "utf-16-le", "utf-32", "utf-32-be", "utf-32-le")
 # socket.accept makes its socket object through socket.__new__ as socket() does: only its code is let through
 _ACCEPT = socket.socket.accept.__code__
 
@@ -4881,8 +5433,13 @@ def landlock_rights(abi):
     """Every right Landlock ABI abi knows -> (filesystem, network, scope) masks to handle; no rule grants any:
     filesystem 13 rights from ABI 1, REFER 2, TRUNCATE 3, IOCTL_DEV 5, RESOLVE_UNIX 9; network TCP bind and
     connect from 4; scope abstract Unix sockets and signals from 6."""
-    filesystem = 13 + (abi >= 2) + (abi >= 3) + (abi >= 5) + (abi >= 9)
-    return (1 << filesystem) - 1, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0
+    filesystem = 0
+    for since, rights in LANDLOCK_FILESYSTEM_RIGHTS:
+        if abi >= since:
+            filesystem += rights
+    network = 3 if abi >= 4 else 0
+    scope = 3 if abi >= 6 else 0
+    return (1 << filesystem) - 1, network, scope
 
 
 def landlock():
@@ -4890,66 +5447,93 @@ def landlock():
     connect, abstract Unix sockets and signals outside -> (Landlock ABI, None), or (None, why not) where the
     kernel offers no Landlock (best effort: nothing is restricted then). Open descriptors keep working: the bound
     socket keeps accepting, stdio keeps flowing."""
-    machine = os.uname().machine if sys.platform.startswith("linux") else sys.platform
+    machine = sys.platform
+    if machine.startswith("linux"):
+        machine = os.uname().machine
     if machine not in LANDLOCK_MACHINES:
         return None, "no Landlock on %s" % machine
     import ctypes  # looked up only here, before the audit hook refuses ctypes
-    libc, c_long, c_u32 = ctypes.CDLL(None, use_errno=True), ctypes.c_long, ctypes.c_uint32
     try:  # glibc opens its thread unwinder when a thread ends by pthread_exit, as a daemon worker does when the
         ctypes.CDLL("libgcc_s.so.1")  # interpreter exits under it: load it while files can be read, or it aborts
     except OSError:  # no such library: nothing needs it
         pass
+    try:
+        abi = _landlock_restrict_self(ctypes)
+    except OSError as e:
+        return None, "Landlock unavailable: %s" % (e.strerror or e)
+    return abi, None
 
-    def call(function, *args):  # variadic C functions: every argument typed, structs as bytes
+
+def _landlock_restrict_self(ctypes):
+    """Landlock's ABI version, once this thread is restricted by a ruleset that handles every right the ABI knows
+    and grants none; OSError if the kernel refuses. System calls take every argument typed (they are variadic in
+    C) and structures as bytes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    c_long = ctypes.c_long
+    c_u32 = ctypes.c_uint32
+
+    def call(function, *args):
         result = function(*args)
         if result < 0:
             raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         return result
+    abi = call(libc.syscall, c_long(444), None, ctypes.c_size_t(0), c_u32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    masks = landlock_rights(abi)
+    handled = b"".join(mask.to_bytes(8, sys.byteorder) for mask in masks)
+    ruleset = call(libc.syscall, c_long(444), handled, ctypes.c_size_t(24), c_u32(0))  # older kernels: zero tail
     try:
-        abi = call(libc.syscall, c_long(444), None, ctypes.c_size_t(0), c_u32(1))  # LANDLOCK_CREATE_RULESET_VERSION
-        handled = b"".join(mask.to_bytes(8, sys.byteorder) for mask in landlock_rights(abi))
-        ruleset = call(libc.syscall, c_long(444), handled, ctypes.c_size_t(24), c_u32(0))  # older kernels: zero tail
-        try:
-            call(libc.prctl, ctypes.c_int(38), c_long(1), c_long(0), c_long(0), c_long(0))  # PR_SET_NO_NEW_PRIVS
-            call(libc.syscall, c_long(446), ctypes.c_int(ruleset), c_u32(0))  # restrict_self, with no rule added
-        finally:
-            os.close(ruleset)
-    except OSError as e:
-        return None, "Landlock unavailable: %s" % (e.strerror or e)
-    return abi, None
+        call(libc.prctl, ctypes.c_int(38), c_long(1), c_long(0), c_long(0), c_long(0))  # PR_SET_NO_NEW_PRIVS
+        call(libc.syscall, c_long(446), ctypes.c_int(ruleset), c_u32(0))  # restrict_self, with no rule added
+    finally:
+        os.close(ruleset)
+    return abi
 
 
 def audit_hook(event, args):
     """An audit hook (for sys.addaudithook) that refuses, on every OS, opening or listing files by name, new imports,
     processes, signals, sockets other than those accept() makes, ctypes and changes on disk. It stops Python code,
     not native code: Landlock is the kernel's boundary where it exists."""
-    accepted = event == "socket.__new__" and sys._getframe(2).f_code is _ACCEPT  # hook, socket.__init__, accept
-    if event.startswith(REFUSED_EVENTS) and not accepted and not (event == "open" and isinstance(args[0], int)):
-        what = "%s %.200r" % (event, args[0]) if args else event  # an open descriptor (stdio) was let through above
-        raise (ImportError if event == "import" else PermissionError)(
-            "verify_action.py sandbox: %s refused after startup" % what)
+    if not event.startswith(REFUSED_EVENTS):
+        return
+    if event == "open" and isinstance(args[0], int):
+        return  # an open descriptor, such as stdio
+    if event == "socket.__new__" and sys._getframe(2).f_code is _ACCEPT:  # this hook, socket.__init__, accept
+        return
+    what = event
+    if args:
+        what = "%s %.200r" % (event, args[0])
+    refusal = ImportError if event == "import" else PermissionError
+    raise refusal("verify_action.py sandbox: %s refused after startup" % what)
+
+
+def _load_what_serving_needs():
+    """Load, while files can still be read, what serving may need later: the codecs, and on Python 3.13 the code
+    that formats tracebacks (it reads source lines lazily; earlier versions format them in C)."""
+    for codec in SANDBOX_CODECS:
+        "".encode(codec)
+    if sys.version_info >= (3, 13):
+        import traceback
+        try:
+            raise RuntimeError("warm-up")
+        except RuntimeError:
+            traceback.format_exc()
 
 
 def apply_sandbox(mode):
     """Apply --sandbox mode (auto, on or off) -> what is enforced, also said on stderr: "landlock ABI N", "audit hook
     only" or "off". Call it once, after the port is bound and the key ring and token are read, before any thread
     starts (Landlock binds only the calling thread and those it starts later). ValueError when on finds no Landlock."""
-    status, reason = "off", None
+    status = "off"
+    reason = None
     if mode != "off":
-        for codec in ("utf-8-sig", "utf-16", "utf-16-be", "utf-16-le", "utf-32", "utf-32-be", "utf-32-le"):
-            "".encode(codec)  # every codec json.detect_encoding names (UTF-16 also orders canonical keys)
-        if sys.version_info >= (3, 13):  # 3.13 prints tracebacks with Python code that reads sources lazily: load
-            import traceback  # that code now, with this file's lines cached (earlier versions print them in C,
-            try:  # which needs nothing more)
-                raise RuntimeError("warm-up")
-            except RuntimeError:
-                traceback.format_exc()
+        _load_what_serving_needs()
         abi, reason = landlock()
         if abi is None and mode == "on":
             raise ValueError("--sandbox=on needs Landlock (%s); use --sandbox=auto for the audit hook alone" % reason)
         sys.addaudithook(audit_hook)
         status = "audit hook only" if abi is None else "landlock ABI %d" % abi
-    sys.stderr.write("verify_action.py: sandbox: %s%s\n" % (status, " (%s)" % reason if reason else ""))
+    because = " (%s)" % reason if reason else ""
+    sys.stderr.write("verify_action.py: sandbox: %s%s\n" % (status, because))
     return status
 
 
@@ -4959,10 +5543,18 @@ def apply_sandbox(mode):
 
 
 def _origin(value):
-    # An --allow-origin value: scheme://host[:port] and nothing more.
+    """An --allow-origin value (argparse type): scheme://host[:port] and nothing more."""
     parts = urllib.parse.urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment:
+    more = parts.path or parts.query or parts.fragment
+    if parts.scheme not in ("http", "https") or not parts.netloc or more:
         raise argparse.ArgumentTypeError("expected scheme://host[:port]")
+    return value
+
+
+def _sandbox_mode(value):
+    """A --sandbox value (argparse type); empty, or a launcher's ${...} left unexpanded, means auto."""
+    if not value or value.startswith("${"):
+        return "auto"
     return value
 
 
@@ -4971,8 +5563,17 @@ def _fail(message):
     return 2
 
 
+def _read_receipt(path):
+    """The receipt in a file, which holds a bare receipt or a whole /verify response (strict JSON)."""
+    with open(path, "rb") as f:
+        doc = strict_loads(f.read(MAX_BODY + 1))
+    if isinstance(doc, dict) and "aar_verdict" in doc:
+        doc = doc.get("receipt")
+    return doc
+
+
 def _receipt_command(argv):
-    # keygen --key-file F | verify-receipt FILE --key-file F.
+    """keygen --key-file F (prints the new kid) | verify-receipt FILE --key-file F (exit 0 when valid, else 1)."""
     parser = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
     if argv[0] == "verify-receipt":
         parser.add_argument("file")
@@ -4980,41 +5581,87 @@ def _receipt_command(argv):
     args = parser.parse_args(argv[1:])
     try:
         if argv[0] == "keygen":
-            return print(keygen(args.key_file)) or 0  # prints the new kid
+            print(keygen(args.key_file))
+            return 0
         ring = load_keyring(args.key_file)
-        with open(args.file, "rb") as f:
-            doc = strict_loads(f.read(MAX_BODY + 1))
+        doc = _read_receipt(args.file)
     except (OSError, ValueError) as e:
         return _fail(getattr(e, "message", None) or e)
-    doc = doc.get("receipt") if isinstance(doc, dict) and "aar_verdict" in doc else doc  # a whole /verify response
     valid, reason, kid = verify_receipt(doc, ring)
     print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
     return 0 if valid else 1
 
 
 FLAGS = (  # the service's command-line flags: (flag, argparse keywords)
-    ("--host", dict(default="127.0.0.1", help="bind address; non-loopback is an explicit opt-in")),
-    ("--port", dict(type=int, default=8092, help="0 picks a free port (printed on stderr)")),
-    ("--key-file", dict(help="key ring (see keygen); without it an ephemeral key is used")),
-    ("--max-body", dict(type=int, default=MAX_BODY)),
-    ("--workers", dict(type=int, default=16)),
-    ("--token-file", dict(help="every POST then needs Authorization: Bearer <token>")),
-    ("--issuer", dict(default="verify_action.py", help="issued_by in receipts")),
-    ("--allow-origin", dict(action="append", default=[], type=_origin, metavar="ORIGIN")),
-    ("--stdio", dict(action="store_true", help="serve MCP over stdin/stdout instead of HTTP")),
-    ("--sandbox", dict(default="auto", choices=SANDBOX_MODES, type=lambda v: "auto" if not v or v[:2] == "${" else v,
-                       help="after startup: no files, no new sockets, no processes (default auto; on: Landlock or "
-                       "refuse to start; empty or ${...}: auto)")),
+    ("--host", {"default": "127.0.0.1", "help": "bind address; non-loopback is an explicit opt-in"}),
+    ("--port", {"type": int, "default": 8092, "help": "0 picks a free port (printed on stderr)"}),
+    ("--key-file", {"help": "key ring (see keygen); without it an ephemeral key is used"}),
+    ("--max-body", {"type": int, "default": MAX_BODY, "help": "bytes of a POST body (default %(default)s)"}),
+    ("--workers", {"type": int, "default": 16, "help": "threads that answer requests (default %(default)s)"}),
+    ("--max-conns-per-client", {"type": int, "default": MAX_CONNS_PER_CLIENT, "metavar": "N",
+                                "help": "connections open at once from one address (default %(default)s); beyond "
+                                "it a new one gets 503. Behind a reverse proxy every client is the proxy"}),
+    ("--token-file", {"help": "every POST then needs Authorization: Bearer <token>"}),
+    ("--issuer", {"default": "verify_action.py", "help": "issued_by in receipts"}),
+    ("--allow-origin", {"action": "append", "default": [], "type": _origin, "metavar": "ORIGIN"}),
+    ("--stdio", {"action": "store_true", "help": "serve MCP over stdin/stdout instead of HTTP"}),
+    ("--sandbox", {"default": "auto", "choices": SANDBOX_MODES, "type": _sandbox_mode,
+                   "help": "after startup: no files, no new sockets, no processes (default auto; on: Landlock or "
+                   "refuse to start; empty or ${...}: auto)"}),
+)
+FLAG_RANGES = (  # (flag, its argparse name, least, most)
+    ("--port", "port", 0, 65535),
+    ("--workers", "workers", 1, 256),
+    ("--max-body", "max_body", 1024, 67108864),
+    ("--max-conns-per-client", "max_conns_per_client", 1, MAX_CONNS),
 )
 
 
+def _flag_problem(args):
+    """What is wrong with the flags' values, said for an error message; None when nothing is."""
+    for flag, name, least, most in FLAG_RANGES:
+        if not least <= getattr(args, name) <= most:
+            return "%s must be %d-%d" % (flag, least, most)
+    if not 0 < len(args.issuer) < 99:
+        return "--issuer must be 1-98 characters"
+    return None
+
+
 def _load_secrets(args):
-    # (key ring, bearer token or None) from the files the flags name; OSError or ValueError.
-    ring = load_keyring(args.key_file) if args.key_file else KeyRing.generate()
-    token = read_private_file(args.token_file).strip().encode("utf-8") if args.token_file else None
-    if token is not None and (len(token) < 16 or b"\n" in token):
+    """(key ring, bearer token or None) from the files the flags name; OSError or ValueError."""
+    ring = KeyRing.generate()
+    if args.key_file:
+        ring = load_keyring(args.key_file)
+    if not args.token_file:
+        return ring, None
+    token = read_private_file(args.token_file).strip().encode("utf-8")
+    if len(token) < 16 or b"\n" in token:
         raise ValueError("--token-file: one token, >= 16 chars")
     return ring, token
+
+
+def _serve_stdio(service):
+    """MCP over stdin and stdout until the client closes them."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must never corrupt the protocol stream
+    serve_stdio(service, sys.stdin.buffer, out)
+    return 0
+
+
+def _serve_http(server, args, token, kid):
+    """HTTP until the process is stopped; a warning first if anyone who can reach the port can get receipts."""
+    if not _is_loopback(args.host) and token is None:
+        sys.stderr.write(
+            "verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
+            "reach this port can obtain signed receipts\n" % args.host
+        )
+    host = args.host
+    if ":" in host:
+        host = "[%s]" % host
+    url = "http://%s:%d" % (host, server.port)
+    print("verify_action.py %s listening on %s (kid %s)" % (VERSION, url, kid), file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
 
 
 def main(argv=None):
@@ -5026,10 +5673,9 @@ def main(argv=None):
     for flag, keywords in FLAGS:
         parser.add_argument(flag, **keywords)
     args = parser.parse_args(argv)
-    if not (0 <= args.port < 65536 and 0 < args.workers <= 256 and 1024 <= args.max_body <= 64 << 20) or not (
-        0 < len(args.issuer) < 99
-    ):
-        return _fail("--port 0-65535, --workers 1-256, --max-body 1024-67108864, --issuer 1-98 characters")
+    problem = _flag_problem(args)
+    if problem:
+        return _fail(problem)
     try:
         ring, token = _load_secrets(args)
     except (OSError, ValueError) as e:
@@ -5040,9 +5686,11 @@ def main(argv=None):
             "cannot be verified after a restart (see keygen)\n" % ring.kid
         )
     service = Service(ring, args.issuer)
+    server = None
     try:
-        server = None if args.stdio else Server(
-            service, args.host, args.port, args.workers, args.max_body, token, args.allow_origin)
+        if not args.stdio:
+            server = Server(service, args.host, args.port, args.workers, args.max_body, token, args.allow_origin,
+                            max_conns_per_client=args.max_conns_per_client)
     except OSError as e:
         return _fail("cannot listen on %s:%d: %s" % (args.host, args.port, e.strerror or e))
     try:  # the port is bound and the files read; no thread has started
@@ -5050,19 +5698,8 @@ def main(argv=None):
     except ValueError as e:
         return _fail(e)
     if args.stdio:
-        out, sys.stdout = sys.stdout.buffer, sys.stderr  # a stray print must never corrupt the protocol stream
-        serve_stdio(service, sys.stdin.buffer, out)
-        return 0
-    if not _is_loopback(args.host) and token is None:
-        sys.stderr.write(
-            "verify_action.py: WARNING: bound to non-loopback %s without --token-file: anyone who can "
-            "reach this port can obtain signed receipts\n" % args.host
-        )
-    host = "[%s]" % args.host if ":" in args.host else args.host
-    print("verify_action.py %s listening on http://%s:%d (kid %s)" % (VERSION, host, server.port, ring.kid),
-          file=sys.stderr, flush=True)
-    server.serve_forever()
-    return 0
+        return _serve_stdio(service)
+    return _serve_http(server, args, token, ring.kid)
 
 
 if __name__ == "__main__":
