@@ -718,6 +718,43 @@ WINDOWS_LIKE = ("import os, sys\n"
                 "sys.exit(verified_memory.main(sys.argv[1:]))\n" % HERE)
 
 
+class TestVerifyWhatWasRead(TempDirCase):
+    """verify_pack_files judges a {name: bytes} map by itself (the builder calls it on staged bytes), and
+    load_pack refuses a folder that changed while its bytes were being verified."""
+
+    def example_files(self):
+        return {name: read(os.path.join(EXAMPLE, name)) for name in os.listdir(EXAMPLE)}
+
+    def test_verify_pack_files_checks_the_inventory_itself(self):
+        files = self.example_files()
+        files["notes.txt"] = b"x\n"
+        digest = hashlib.sha256(b"x\n").hexdigest()
+        files[vm.MANIFEST] += ("%s  notes.txt\n" % digest).encode()
+        files.pop(vm.SIGNATURE, None)
+        with self.assertRaises(vm.PackError) as caught:
+            vm.verify_pack_files(files)
+        self.assertEqual(str(caught.exception), "pack folder has unexpected entries: 'notes.txt'; a pack holds "
+                         "exactly records.jsonl, MEMORY.md, README.md, SHA256SUMS, plus optional PACK.json and "
+                         "SHA256SUMS.sig")
+        files = self.example_files()
+        del files[vm.MEMORY]
+        with self.assertRaises(vm.PackError) as caught:
+            vm.verify_pack_files(files)
+        self.assertEqual(str(caught.exception), "pack folder has no MEMORY.md")
+
+    def test_a_folder_that_changes_while_it_is_verified_is_refused(self):
+        pack = self.copy_pack()
+        real_verify = vm.verify_pack_files
+
+        def verify_then_edit(files):
+            verified = real_verify(files)
+            os.utime(os.path.join(pack, "MEMORY.md"), ns=(1, 1))     # same bytes, another file state
+            return verified
+        with mock.patch.object(vm, "verify_pack_files", verify_then_edit):
+            self.assertRefused(pack, "pack files changed while they were being verified; try again")
+        self.assertEqual(self.load(pack).pack["records"], 16)     # loaded again, the same bytes verify
+
+
 class ReparsePoint:
     """An lstat result as Windows reports a junction (or another reparse point): the real fields plus
     FILE_ATTRIBUTE_REPARSE_POINT."""
