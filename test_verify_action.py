@@ -3,6 +3,7 @@
     python3 -m unittest test_verify_action      the tests
     python3 test_verify_action.py bench         the benchmark (never run by `make test`)
     python3 test_verify_action.py adversarial   its table of adversarial bodies alone
+    python3 test_verify_action.py credentials   its credentials part alone (issue 29)
 """
 import base64
 import decimal
@@ -2959,6 +2960,14 @@ class Ed25519StrictVerify(unittest.TestCase):
     def test_sign_rejects_bad_seed(self):
         self.assertRaises(ValueError, va.sign, b"\x00" * 31, b"")
         self.assertRaises(ValueError, va.secret_to_public, b"\x00" * 33)
+        self.assertRaises(TypeError, va.sign, bytearray(32), b"")   # lru_cache: only bytes, which cannot change
+
+    def test_expanded_key_is_secret_expand_and_plain_double_and_add(self):
+        for seed in (SEED_A, SEED_B, bytes(32), b"\xff" * 32):
+            a, prefix, A = va.expanded_key(seed)
+            self.assertEqual((a, prefix), va.secret_expand(seed))
+            self.assertEqual(A, va.point_compress(va.point_mul(a, va.G)))
+            self.assertEqual(va.expanded_key(seed), (a, prefix, A))   # the cached value, unchanged
 
     def test_cofactorless_equation(self):
         # Signatures that only the cofactored equation [8][S]G == [8]R + [8][h]A accepts: R moved by a point of
@@ -5396,10 +5405,78 @@ def bench_sandbox(seconds=3.0, rounds=3):
     print("%-34s %10.2f %10.2f %14.2f" % tuple(["ratio auto/off"] + [a / b for a, b in zip(best["auto"], best["off"])]))
 
 
+def median_us(function, runs):
+    """The median wall time of runs calls of function, in microseconds."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def bench_credentials(seconds=4.0, rounds=3):
+    """Issue 29's cost: throughput of POST /verify with an Ed25519 key signing a credential beside each receipt, and
+    with HMAC alone, as ratios to the stdlib floor server (best of rounds alternating runs); then sign, the
+    credential and its check, timed alone (medians)."""
+    body, best = bench_body(), {}
+    folder = tempfile.mkdtemp(prefix="va-bench-")
+    rings = {"hmac": os.path.join(folder, "hmac"), "ed25519": os.path.join(folder, "ed25519")}
+    va.keygen(rings["hmac"])
+    va.keygen(rings["ed25519"], "ed25519")
+    servers = (("baseline", [PY, "-c", BASELINE], []), ("hmac only", [PY, SCRIPT], ["--key-file", rings["hmac"]]),
+               ("ed25519 credential", [PY, SCRIPT], ["--key-file", rings["ed25519"]]))
+    for _ in range(rounds):
+        for name, command, args in servers:
+            srv = ServerProcess(*args, command=command)
+            try:
+                load(srv.port, 4, 0.5, body)  # warm-up
+                runs = (load(srv.port, 1, seconds, body)[0], load(srv.port, 16, seconds, body)[0])
+            finally:
+                srv.close()
+            best[name] = [max(old, new) for old, new in zip(best.get(name, [0, 0]), runs)]
+    print("\ncredentials (issue 29): POST /verify, best of %d alternating %g s runs per server; load average %.2f"
+          % (rounds, seconds, getattr(os, "getloadavg", lambda: [float("nan")])()[0]))
+    print("%-22s %10s %10s %12s %12s" % ("server", "req/s c=1", "req/s c=16", "ratio c=1", "ratio c=16"))
+    floor = best["baseline"]
+    for name, _, _ in servers:
+        one, sixteen = best[name]
+        print("%-22s %10.0f %10.0f %12.2f %12.2f" % (name, one, sixteen, one / floor[0], sixteen / floor[1]))
+    print("goal: ed25519 credential >= 0.15x the floor at c=1 (the peer, HMAC: 0.13x)")
+    ring = va.load_keyring(rings["ed25519"])
+    seed = seeds_of(rings["ed25519"])[ring.signer]
+    service = va.Service(ring)
+    hmac_service = va.Service(va.KeyRing.generate())
+    request = json.loads(body)
+    response = service.verify(request)
+    shutil.rmtree(folder)
+    va.base_table.cache_clear()
+    start = time.perf_counter()
+    va.base_table()
+    table_ms = (time.perf_counter() - start) * 1000
+    message = bytes(64)
+    rows = [
+        ("sign, 64 bytes (RFC 8032 §5.1.6)", median_us(lambda: va.sign(seed, message), 2000)),
+        ("the credential of a receipt (sign, 2 JCS, 2 SHA-256)", median_us(lambda: ring.credential(response["receipt"]),
+                                                                          1000)),
+        ("Service.verify, ed25519 ring", median_us(lambda: service.verify(request), 1000)),
+        ("Service.verify, hmac ring", median_us(lambda: hmac_service.verify(request), 1000)),
+        ("verify_credential (strict verify)", median_us(lambda: va.verify_credential(response["credential"],
+                                                                                   ring.public_keys), 200)),
+    ]
+    print("base_table, once at startup: %.1f ms" % table_ms)
+    for name, microseconds in rows:
+        print("%-58s %8.0f us (median)" % (name, microseconds))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bench"]:
         bench()
         bench_sandbox()
+        bench_credentials()
+    elif sys.argv[1:2] == ["credentials"]:  # issue 29's part of the bench alone
+        bench_credentials()
     elif sys.argv[1:2] == ["adversarial"]:  # the adversarial table alone
         adversarial_table()
     else:

@@ -4,8 +4,9 @@ receipt of what was judged. One file, Python standard library only (CPython 3.9+
 
   python3 verify_action.py [--host H] [--port P] [--key-file F] ...   HTTP on 127.0.0.1:8092
   python3 verify_action.py --stdio [--key-file F]                     MCP over stdio
-  python3 verify_action.py keygen --key-file F                        create a key ring, or add a key
+  python3 verify_action.py keygen --key-file F [--alg ed25519]        create a key ring, or add a key
   python3 verify_action.py verify-receipt FILE --key-file F           check a receipt offline (exit 0/1)
+  python3 verify_action.py verify-receipt FILE --public-keys F        check a credential with did:keys alone
 Deterministic rules that fetch nothing judge whether the evidence is consistent with the claim; a receipt (HMAC-SHA256
 over RFC 8785 canonical JSON) proves which service judged which request, when, with what result: never the claim.
 """
@@ -4143,16 +4144,24 @@ def secret_expand(secret):
     return (a, h[32:])
 
 
+@functools.lru_cache(maxsize=64)
+def expanded_key(secret):
+    """(a, prefix, A) of a 32-byte seed: secret_expand's scalar and nonce key, and the public key A = [a]G encoded.
+    Cached, as a key ring signs with one seed again and again and [a]G costs half a signature. A is always made
+    here from the seed, never taken from a caller: two signatures of one message under different A reveal a."""
+    a, prefix = secret_expand(secret)
+    A = point_compress(base_mul(a))
+    return (a, prefix, A)
+
+
 def secret_to_public(secret):
     """The 32-byte public key of a 32-byte seed (RFC 8032 §5.1.5)."""
-    a, _ = secret_expand(secret)
-    return point_compress(base_mul(a))
+    return expanded_key(secret)[2]
 
 
 def sign(secret, msg):
     """The 64-byte Ed25519 signature R || S of the bytes msg under a 32-byte seed (RFC 8032 §5.1.6)."""
-    a, prefix = secret_expand(secret)
-    A = point_compress(base_mul(a))
+    a, prefix, A = expanded_key(secret)
     r = sha512_modq(prefix + msg)
     Rs = point_compress(base_mul(r))
     h = sha512_modq(Rs + A + msg)
