@@ -3,6 +3,7 @@
     python3 -m unittest test_verify_action      the tests
     python3 test_verify_action.py bench         the benchmark (never run by `make test`)
     python3 test_verify_action.py adversarial   its table of adversarial bodies alone
+    python3 test_verify_action.py credentials   its credentials part alone (issue 29)
 """
 import base64
 import decimal
@@ -16,6 +17,7 @@ import http.client
 import http.server
 import json
 import os
+import random
 import re
 import select
 import shutil
@@ -2713,6 +2715,941 @@ class Receipts(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Ed25519 (RFC 8032), did:key and eddsa-jcs-2022 credentials (issue 29)
+# ---------------------------------------------------------------------------------------------------
+# RFC 8032 §7.1, the Ed25519 tests: (name, secret key, public key, message, signature), hex.
+TEST_1024_MESSAGE = (
+    "08b8b2b733424243760fe426a4b54908632110a66c2f6591eabd3345e3e4eb98fa6e264bf09efe12ee50f8f54e9f77b1"
+    "e355f6c50544e23fb1433ddf73be84d879de7c0046dc4996d9e773f4bc9efe5738829adb26c81b37c93a1b270b20329d"
+    "658675fc6ea534e0810a4432826bf58c941efb65d57a338bbd2e26640f89ffbc1a858efcb8550ee3a5e1998bd177e93a"
+    "7363c344fe6b199ee5d02e82d522c4feba15452f80288a821a579116ec6dad2b3b310da903401aa62100ab5d1a36553e"
+    "06203b33890cc9b832f79ef80560ccb9a39ce767967ed628c6ad573cb116dbefefd75499da96bd68a8a97b928a8bbc10"
+    "3b6621fcde2beca1231d206be6cd9ec7aff6f6c94fcd7204ed3455c68c83f4a41da4af2b74ef5c53f1d8ac70bdcb7ed1"
+    "85ce81bd84359d44254d95629e9855a94a7c1958d1f8ada5d0532ed8a5aa3fb2d17ba70eb6248e594e1a2297acbbb39d"
+    "502f1a8c6eb6f1ce22b3de1a1f40cc24554119a831a9aad6079cad88425de6bde1a9187ebb6092cf67bf2b13fd65f270"
+    "88d78b7e883c8759d2c4f5c65adb7553878ad575f9fad878e80a0c9ba63bcbcc2732e69485bbc9c90bfbd62481d9089b"
+    "eccf80cfe2df16a2cf65bd92dd597b0707e0917af48bbb75fed413d238f5555a7a569d80c3414a8d0859dc65a46128ba"
+    "b27af87a71314f318c782b23ebfe808b82b0ce26401d2e22f04d83d1255dc51addd3b75a2b1ae0784504df543af8969b"
+    "e3ea7082ff7fc9888c144da2af58429ec96031dbcad3dad9af0dcbaaaf268cb8fcffead94f3c7ca495e056a9b47acdb7"
+    "51fb73e666c6c655ade8297297d07ad1ba5e43f1bca32301651339e22904cc8c42f58c30c04aafdb038dda0847dd988d"
+    "cda6f3bfd15c4b4c4525004aa06eeff8ca61783aacec57fb3d1f92b0fe2fd1a85f6724517b65e614ad6808d6f6ee34df"
+    "f7310fdc82aebfd904b01e1dc54b2927094b2db68d6f903b68401adebf5a7e08d78ff4ef5d63653a65040cf9bfd4aca7"
+    "984a74d37145986780fc0b16ac451649de6188a7dbdf191f64b5fc5e2ab47b57f7f7276cd419c17a3ca8e1b939ae49e4"
+    "88acba6b965610b5480109c8b17b80e1b7b750dfc7598d5d5011fd2dcc5600a32ef5b52a1ecc820e308aa342721aac09"
+    "43bf6686b64b2579376504ccc493d97e6aed3fb0f9cd71a43dd497f01f17c0e2cb3797aa2a2f256656168e6c496afc5f"
+    "b93246f6b1116398a346f1a641f3b041e989f7914f90cc2c7fff357876e506b50d334ba77c225bc307ba537152f3f161"
+    "0e4eafe595f6d9d90d11faa933a15ef1369546868a7f3a45a96768d40fd9d03412c091c6315cf4fde7cb68606937380d"
+    "b2eaaa707b4c4185c32eddcdd306705e4dc1ffc872eeee475a64dfac86aba41c0618983f8741c5ef68d3a101e8a3b8ca"
+    "c60c905c15fc910840b94c00a0b9d0"
+)
+RFC8032_VECTORS = [
+    ("TEST 1", "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+     "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a", "",
+     "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e06522490155"
+     "5fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"),
+    ("TEST 2", "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+     "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c", "72",
+     "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da"
+     "085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00"),
+    ("TEST 3", "c5aa8df43f9f837bedb7442f31dcb7b166d38535076f094b85ce3a2e0b4458f7",
+     "fc51cd8e6218a1a38da47ed00230f0580816ed13ba3303ac5deb911548908025", "af82",
+     "6291d657deec24024827e69c3abe01a30ce548a284743a445e3680d7db5ac3ac"
+     "18ff9b538d16f290ae67f760984dc6594a7c15e9716ed28dc027beceea1ec40a"),
+    ("TEST 1024", "f5e5767cf153319517630f226876b86c8160cc583bc013744c6bf255f5cc0ee5",
+     "278117fc144c72340f67d0f2316e8386ceffbf2b2428c9c51fef7c597f1d426e", TEST_1024_MESSAGE,
+     "0aab4c900501b3e24d7cdf4663326a3a87df5e4843b2cbdb67cbf6e460fec350"
+     "aa5371b1508f9f4528ecea23c436d94b5e8fcd4f681e30a6ac00a9704a188a03"),
+    ("TEST SHA(abc)", "833fe62409237b9d62ec77587520911e9a759cec1d19755b7da901b96dca3d42",
+     "ec172b93ad5e563bf4932c70e1245034c35467ef2efd4d64ebf819683467e2bf",
+     "ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a"
+     "2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f",
+     "dc2a4459e7369633a52b1bf277839a00201009a3efbf3ecb69bea2186c26b589"
+     "09351fc9ac90b3ecfdfbc7c66431e0303dca179c138ac17ad9bef1177331a704"),
+]
+# The 8 points of small order, as canonical encodings (y, and the sign of x in the top bit).
+SMALL_ORDER_POINTS = [
+    "0100000000000000000000000000000000000000000000000000000000000000",   # order 1, the neutral point
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",   # order 2: (0, -1)
+    "0000000000000000000000000000000000000000000000000000000000000000",   # order 4: (sqrt(-1), 0)
+    "0000000000000000000000000000000000000000000000000000000000000080",   # order 4: (-sqrt(-1), 0)
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",   # order 8
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",
+]
+# Bitcoin Core's base58_encode_decode.json: (hex, base58btc)
+BASE58_VECTORS = [
+    ("", ""), ("61", "2g"), ("626262", "a3gV"), ("636363", "aPEr"),
+    ("73696d706c792061206c6f6e6720737472696e67", "2cFupjhnEsSn59qHXstmK2ffpLv2"),
+    ("00eb15231dfceb60925886b67d065299925915aeb172c06647", "1NS17iag9jJgTHD1VXjvLCEnZuQ3rJDE9L"),
+    ("516b6fcd0f", "ABnLTmg"), ("bf4f89001e670274dd", "3SEo3LWLoPntC"), ("572e4794", "3EFU7m"),
+    ("ecac89cad93923c02321", "EJDM8drfXA6uyA"), ("10c8511e", "Rt5zm"), ("00000000000000000000", "1111111111"),
+]
+# did:key's test vectors (w3c-ccg/did-method-key test-vectors/ed25519-x25519.json): seed (hex) -> (did, the public
+# key in base58btc)
+DID_KEY_VECTORS = [
+    ("00" * 32, "did:key:z6MkiTBz1ymuepAQ4HEHYSF1H8quG5GLVVQR3djdX3mDooWp",
+     "4zvwRjXUKGfvwnParsHAS3HuSVzV5cA4McphgmoCtajS"),
+    ("00" * 31 + "01", "did:key:z6MkjchhfUsD6mmvni8mCdXHw216Xrm9bQe2mBH1P5RDjVJG",
+     "6ASf5EcmmEHTgDJ4X4ZT5vT6iHVJBXPg5AN5YoTCpGWt"),
+    ("00" * 31 + "02", "did:key:z6MknGc3ocHs3zdPiJbnaaqDi58NGb4pk1Sp9WxWufuXSdxf",
+     "8pM1DN3RiT8vbom5u1sNryaNT1nyL8CTTW3b5PwWXRBH"),
+    ("00" * 31 + "03", "did:key:z6MkvqoYXQfDDJRv8L4wKzxYeuKyVZBfi9Qo6Ro8MiLH3kDQ",
+     "HPYVwAQmskwT1qEEeRzhoomyfyupJGASQQtCXSNG8XS2"),
+    ("00" * 31 + "04", "did:key:z6MkwW6aqMnjgrhJXFUko3NnZPGzVpkNzhYK7yEhnsibmLwL",
+     "J3qYF7YJMKCqQke47UQwiHizgFUXapHxRxKmxbkar89x"),
+]
+X25519_DID_KEY = "did:key:z6LShs9GGnqk85isEBzzshkuVWrVKsRp24GnDuHk8QWkARMW"   # the same file's X25519 key
+SEED_A = hashlib.sha256(b"verify_action test key A").digest()
+SEED_B = hashlib.sha256(b"verify_action test key B").digest()
+CREATED = "2026-03-04T05:06:07Z"
+
+
+def receipt_fields():
+    """A receipt as verify_action.py issues one (HMAC signature and kid included, to be left out)."""
+    return {
+        "schema": "verify_action_receipt.v0",
+        "claim_hash": "sha256:" + "ab" * 32,
+        "evidence_manifest_hash": "sha256:" + "cd" * 32,
+        "request_hash": "sha256:" + "ef" * 32,
+        "verifier_id": "verify_action.py@0.4.0",
+        "verifier_method": "rule_based.code_diff",
+        "verdict": "verified",
+        "confidence": 0.7,
+        "reason_codes": ["path_in_diff", "identifier_in_changed_lines"],
+        "policy_or_oracle_refs": [],
+        "caller_context": {"agent": "deployer-7", "ticket": "\u00e9t\u00e9 \U0001f600"},
+        "issued_at": CREATED,
+        "issued_by": "verify_action.py",
+        "kid": "k20260304-abcdef",
+        "signature": "hmac-sha256:" + "A" * 43,
+    }
+
+
+def secured_credential(seed=SEED_A, issuer_seed=None, fields=None):
+    """A credential for receipt_fields() issued by issuer_seed's did:key (default: seed's), proved by seed."""
+    issuer = va.did_key(va.secret_to_public(issuer_seed or seed))
+    credential = va.credential_for(fields or receipt_fields(), issuer, CREATED)
+    return dict(credential, proof=va.create_proof(credential, seed, CREATED, va._jcs))
+
+
+def encode_point(P):
+    return va.point_compress(P)
+
+
+def negate(P):
+    X, Y, Z, T = P
+    return (-X % va.p, Y, Z, -T % va.p)
+
+
+class Ed25519Rfc8032(unittest.TestCase):
+    """RFC 8032 §7.1's Ed25519 vectors: public key, signature byte for byte, and verification."""
+
+    def test_vectors(self):
+        for name, secret, public, message, signature in RFC8032_VECTORS:
+            with self.subTest(name):
+                seed, msg = bytes.fromhex(secret), bytes.fromhex(message)
+                self.assertEqual(va.secret_to_public(seed).hex(), public)
+                self.assertEqual(va.sign(seed, msg).hex(), signature)
+                self.assertTrue(va.verify(bytes.fromhex(public), msg, bytes.fromhex(signature)))
+
+    def test_test_1024_is_1023_bytes(self):
+        self.assertEqual(len(bytes.fromhex(TEST_1024_MESSAGE)), 1023)
+
+    def test_any_changed_bit_fails(self):
+        _, secret, public, message, signature = RFC8032_VECTORS[2]
+        key, msg, sig = bytes.fromhex(public), bytes.fromhex(message), bytes.fromhex(signature)
+        for bit in (0, 7, 100, 255, 256, 300, 511):
+            changed = bytearray(sig)
+            changed[bit // 8] ^= 1 << (bit % 8)
+            self.assertFalse(va.verify(key, msg, bytes(changed)), bit)
+        self.assertFalse(va.verify(key, msg + b"\x00", sig))
+        self.assertFalse(va.verify(key, b"\xaf\x83", sig))
+        other = va.secret_to_public(SEED_A)
+        self.assertFalse(va.verify(other, msg, sig))
+
+
+class Ed25519StrictVerify(unittest.TestCase):
+    """What strict means here: lengths and types, S < q, canonical encodings, no small order, cofactorless."""
+
+    def setUp(self):
+        self.public = va.secret_to_public(SEED_A)
+        self.msg = b"strict"
+        self.sig = va.sign(SEED_A, self.msg)
+
+    def test_lengths_and_types(self):
+        self.assertTrue(va.verify(self.public, self.msg, self.sig))
+        self.assertFalse(va.verify(self.public, self.msg, self.sig[:63]))
+        self.assertFalse(va.verify(self.public, self.msg, self.sig + b"\x00"))
+        self.assertFalse(va.verify(self.public[:31], self.msg, self.sig))
+        self.assertFalse(va.verify(self.public + b"\x00", self.msg, self.sig))
+        self.assertFalse(va.verify(bytearray(self.public), self.msg, self.sig))
+        self.assertFalse(va.verify(self.public, self.msg.decode(), self.sig))
+        self.assertFalse(va.verify(None, self.msg, self.sig))
+        self.assertFalse(va.verify(self.public, self.msg, self.sig.hex()))
+
+    def test_s_plus_q_is_refused(self):
+        s = int.from_bytes(self.sig[32:], "little")
+        for bigger in (s + va.q, s + 2 * va.q, s + 8 * va.q):
+            if bigger < 2**256:
+                self.assertFalse(va.verify(self.public, self.msg, self.sig[:32] + bigger.to_bytes(32, "little")))
+        self.assertFalse(va.verify(self.public, self.msg, self.sig[:32] + va.q.to_bytes(32, "little")))
+
+    def test_small_order_keys_are_refused(self):
+        for encoding in SMALL_ORDER_POINTS:
+            key = bytes.fromhex(encoding)
+            with self.subTest(encoding):
+                self.assertTrue(va.is_small_order(va.point_decompress(key)))
+                # the neutral key and R = neutral, S = 0 satisfy the equation for any message
+                neutral_sig = SMALL_ORDER_POINTS[0] + "00" * 32
+                self.assertFalse(va.verify(key, self.msg, bytes.fromhex(neutral_sig)))
+
+    def test_small_order_keys_verify_anything_unless_refused(self):
+        # For a key A of small order, [h]A is the neutral point whenever h is a multiple of A's order: then R = [s]G
+        # (of large order) and S = s satisfy the equation for any message. Only the refusal of A stops it.
+        s = 12345
+        Rs = va.point_compress(va.base_mul(s))
+        for encoding in SMALL_ORDER_POINTS:
+            key = bytes.fromhex(encoding)
+            A = va.point_decompress(key)
+            messages = [b"forged %d" % counter for counter in range(200)]
+            fitting = []
+            for message in messages:
+                hA = va.point_mul(va.sha512_modq(Rs + key + message), A)
+                if va.point_equal(hA, va.NEUTRAL):
+                    fitting.append(message)
+            with self.subTest(encoding):
+                self.assertTrue(fitting)
+                self.assertFalse(va.verify(key, fitting[0], Rs + s.to_bytes(32, "little")))
+
+    def test_point_equal(self):
+        x, y = va.G[0], va.G[1]
+        self.assertTrue(va.point_equal(va.G, (3 * x % va.p, 3 * y % va.p, 3, 3 * x * y % va.p)))
+        self.assertFalse(va.point_equal(va.G, (x, va.p - y, 1, x * (va.p - y) % va.p)))   # same x
+        self.assertFalse(va.point_equal(va.G, (va.p - x, y, 1, (va.p - x) * y % va.p)))   # same y
+
+    def test_small_order_r_is_refused(self):
+        # R = the neutral point and S = h*a mod q satisfy [S]G == R + [h]A: refused for its R alone
+        a, _ = va.secret_expand(SEED_A)
+        Rs = bytes.fromhex(SMALL_ORDER_POINTS[0])
+        h = va.sha512_modq(Rs + self.public + self.msg)
+        s = h * a % va.q
+        forged = Rs + s.to_bytes(32, "little")
+        hA = va.point_mul(h, va.point_decompress(self.public))
+        self.assertTrue(va.point_equal(va.base_mul(s), va.point_add(va.point_decompress(Rs), hA)))
+        self.assertFalse(va.verify(self.public, self.msg, forged))
+
+    def test_non_canonical_encodings_are_refused(self):
+        p = va.p
+        # y >= p (p + 1 spells the neutral point's y again); "-0": x = 0 with the sign bit set
+        for y, sign in ((p, 0), (p + 1, 0), (p + 1, 1), (2**255 - 1, 0), (1, 1), (p - 1, 1)):
+            encoding = (y | sign << 255).to_bytes(32, "little")
+            self.assertIsNone(va.point_decompress(encoding), (y, sign))
+        self.assertIsNone(va.point_decompress(b"\x02" + bytes(31)))   # y = 2 is not on the curve
+        neutral_again = (p + 1).to_bytes(32, "little")
+        self.assertFalse(va.verify(neutral_again, self.msg, neutral_again + bytes(32)))
+        # y + p fits in 255 bits only for y < 19: each such point has a second spelling, refused
+        on_curve = 0
+        for y in range(19):
+            for sign in (0, 1):
+                canonical = va.point_decompress((y | sign << 255).to_bytes(32, "little"))
+                on_curve += canonical is not None
+                self.assertIsNone(va.point_decompress((y + p | sign << 255).to_bytes(32, "little")), y)
+        self.assertGreater(on_curve, 4)
+
+    def test_sign_rejects_bad_seed(self):
+        self.assertRaises(ValueError, va.sign, b"\x00" * 31, b"")
+        self.assertRaises(ValueError, va.secret_to_public, b"\x00" * 33)
+        self.assertRaises(TypeError, va.sign, bytearray(32), b"")   # lru_cache: only bytes, which cannot change
+
+    def test_expanded_key_is_secret_expand_and_plain_double_and_add(self):
+        for seed in (SEED_A, SEED_B, bytes(32), b"\xff" * 32):
+            a, prefix, A = va.expanded_key(seed)
+            self.assertEqual((a, prefix), va.secret_expand(seed))
+            self.assertEqual(A, va.point_compress(va.point_mul(a, va.G)))
+            self.assertEqual(va.expanded_key(seed), (a, prefix, A))   # the cached value, unchanged
+
+    def test_cofactorless_equation(self):
+        # Signatures that only the cofactored equation [8][S]G == [8]R + [8][h]A accepts: R moved by a point of
+        # order 8, and a key moved by one (then the equation holds iff h is a multiple of 8).
+        a, prefix = va.secret_expand(SEED_A)
+        T8 = va.point_decompress(bytes.fromhex(SMALL_ORDER_POINTS[4]))
+        A = va.base_mul(a)
+        r = va.sha512_modq(prefix + self.msg)
+        moved_r = va.point_compress(va.point_add(va.base_mul(r), T8))
+        h = va.sha512_modq(moved_r + self.public + self.msg)
+        s = (r + h * a) % va.q
+        self.assertFalse(va.verify(self.public, self.msg, moved_r + s.to_bytes(32, "little")))
+        moved_key = va.point_compress(va.point_add(A, T8))
+        results = set()
+        for counter in range(40):
+            msg = b"mixed order %d" % counter
+            Rs = va.point_compress(va.base_mul(r))
+            h = va.sha512_modq(Rs + moved_key + msg)
+            s = (r + h * a) % va.q
+            results.add((h % 8 == 0, va.verify(moved_key, msg, Rs + s.to_bytes(32, "little"))))
+        self.assertEqual(results, {(True, True), (False, False)})
+
+
+class Ed25519BaseTable(unittest.TestCase):
+    """base_mul's contract, proved against the plain double-and-add: base_mul(s) equals point_mul(s, G)."""
+
+    def assertSamePoint(self, s):
+        table = va.base_mul(s)
+        plain = va.point_mul(s, va.G)
+        self.assertTrue(va.point_equal(table, plain), s)
+        self.assertEqual(encode_point(table), encode_point(plain), s)
+
+    def test_edge_scalars(self):
+        q = va.q
+        edges = [0, 1, 2, 255, 256, 257, q - 1, q, q + 1, 8 * q, 2**252, 2**254, 2**255 - 1, 2**255, 2**256 - 1]
+        edges += [2**(8 * i) - 1 for i in range(1, 32)] + [2**(8 * i) for i in range(1, 32)]
+        for s in edges:
+            self.assertSamePoint(s)
+        self.assertEqual(encode_point(va.base_mul(q)), bytes.fromhex(SMALL_ORDER_POINTS[0]))   # [q]G is neutral
+
+    def test_random_scalars(self):
+        rng = random.Random(29)
+        for _ in range(150):
+            self.assertSamePoint(rng.randrange(2**256))
+        for _ in range(50):
+            self.assertSamePoint(rng.randrange(2**256) & ~(0xff << (8 * rng.randrange(32))))   # a zero byte
+
+    def test_bounds(self):
+        self.assertRaises(ValueError, va.base_mul, -1)
+        self.assertRaises(ValueError, va.base_mul, 2**256)
+
+    def test_table_shape(self):
+        table = va.base_table()
+        self.assertEqual(len(table), va.BASE_ROWS)
+        self.assertEqual({len(row) for row in table}, {2**va.BASE_WINDOW})
+        self.assertEqual(va.BASE_ROWS * va.BASE_WINDOW, 256)
+
+
+def ssh_string(data):
+    return struct.pack(">I", len(data)) + data
+
+
+def openssh_private_key(seed, public):
+    """An unencrypted OpenSSH private key file (PROTOCOL.key) holding the Ed25519 key of seed."""
+    key_blob = ssh_string(b"ssh-ed25519") + ssh_string(public)
+    check = b"\x29\x29\x29\x29"
+    private = check + check + key_blob + ssh_string(seed + public) + ssh_string(b"verify_action test")
+    private += bytes(range(1, 1 + (-len(private) % 8)))
+    body = b"openssh-key-v1\x00" + ssh_string(b"none") + ssh_string(b"none") + ssh_string(b"")
+    body += struct.pack(">I", 1) + ssh_string(key_blob) + ssh_string(private)
+    text = base64.b64encode(body).decode("ascii")
+    lines = [text[i:i + 70] for i in range(0, len(text), 70)]
+    return "-----BEGIN OPENSSH PRIVATE KEY-----\n" + "\n".join(lines) + "\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+def read_strings(blob, count):
+    """count SSH strings from blob, and what follows them."""
+    found = []
+    for _ in range(count):
+        (length,) = struct.unpack(">I", blob[:4])
+        found.append(blob[4:4 + length])
+        blob = blob[4 + length:]
+    return found, blob
+
+
+def sshsig_parts(armored):
+    """(public key blob, namespace, hash algorithm, 64 signature bytes) of an armored SSHSIG."""
+    lines = armored.strip().splitlines()
+    blob = base64.b64decode("".join(lines[1:-1]))
+    assert blob[:6] == b"SSHSIG" and blob[6:10] == b"\x00\x00\x00\x01"
+    (key, namespace, _reserved, hash_algorithm, signature), rest = read_strings(blob[10:], 5)
+    assert rest == b""
+    (kind, raw), rest = read_strings(signature, 2)
+    assert kind == b"ssh-ed25519" and rest == b""
+    return key, namespace, hash_algorithm, raw
+
+
+def sshsig_signed_data(namespace, message):
+    """What an SSHSIG with hash sha512 signs (PROTOCOL.sshsig §3)."""
+    digest = hashlib.sha512(message).digest()
+    return b"SSHSIG" + ssh_string(namespace) + ssh_string(b"") + ssh_string(b"sha512") + ssh_string(digest)
+
+
+@unittest.skipUnless(shutil.which("ssh-keygen"), "ssh-keygen is not on PATH")
+class Ed25519SshKeygen(unittest.TestCase):
+    """Ed25519 is deterministic: ssh-keygen -Y sign with the same seed must give the same 64 bytes."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+
+    def ssh_sign(self, seed, message, namespace):
+        key_file = os.path.join(self.dir, "key")
+        message_file = os.path.join(self.dir, "message")
+        for name in (key_file, message_file + ".sig"):
+            if os.path.exists(name):
+                os.remove(name)
+        descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as f:
+            f.write(openssh_private_key(seed, va.secret_to_public(seed)))
+        with open(message_file, "wb") as f:
+            f.write(message)
+        command = ["ssh-keygen", "-q", "-Y", "sign", "-f", key_file, "-n", namespace, message_file]
+        subprocess.run(command, check=True, capture_output=True, timeout=60)
+        with open(message_file + ".sig") as f:
+            return f.read()
+
+    def test_signatures_match_ssh_keygen(self):
+        rng = random.Random(8032)
+        seeds = [bytes.fromhex(vector[1]) for vector in RFC8032_VECTORS] + [SEED_A, SEED_B]
+        seeds += [bytes(rng.randrange(256) for _ in range(32)) for _ in range(5)]
+        for number, seed in enumerate(seeds):
+            message = b"message %d " % number + bytes(rng.randrange(256) for _ in range(number * 37))
+            with self.subTest(seed=seed.hex()):
+                key, namespace, hash_algorithm, raw = sshsig_parts(self.ssh_sign(seed, message, "file"))
+                public = va.secret_to_public(seed)
+                self.assertEqual(key, ssh_string(b"ssh-ed25519") + ssh_string(public))
+                self.assertEqual((namespace, hash_algorithm), (b"file", b"sha512"))
+                signed_data = sshsig_signed_data(b"file", message)
+                self.assertEqual(va.sign(seed, signed_data), raw)
+                self.assertTrue(va.verify(public, signed_data, raw))
+
+
+class CredentialBase58(unittest.TestCase):
+    """base58btc: Bitcoin Core's vectors, round trips both ways, and refusals."""
+
+    def test_vectors(self):
+        for data, text in BASE58_VECTORS:
+            self.assertEqual(va.base58_encode(bytes.fromhex(data)), text)
+            self.assertEqual(va.base58_decode(text), bytes.fromhex(data))
+        alphabet = va.BASE58_ALPHABET
+        self.assertEqual(len(alphabet), 58)
+        self.assertEqual(set(alphabet) & set("0OIl"), set())
+
+    def test_round_trips(self):
+        rng = random.Random(58)
+        for length in list(range(0, 40)) + [64, 90]:
+            zeros = bytes(rng.randrange(4))
+            data = zeros + bytes(rng.randrange(256) for _ in range(length))
+            text = va.base58_encode(data)
+            self.assertEqual(va.base58_decode(text), data)
+            self.assertEqual(va.base58_encode(va.base58_decode(text)), text)
+        for _ in range(200):   # any text of the alphabet is the encoding of exactly one byte string
+            text = "".join(rng.choice(va.BASE58_ALPHABET) for _ in range(rng.randrange(1, 60)))
+            self.assertEqual(va.base58_encode(va.base58_decode(text)), text)
+
+    def test_refusals(self):
+        for text in ("0", "O", "I", "l", "3mJr0", "2g ", " 2g", "2g\n", "\u0661", "\uff12g", "+", None, b"2g"):
+            with self.subTest(text=text):
+                self.assertRaises(ValueError, va.base58_decode, text)
+        self.assertEqual(len(va.base58_decode("2" * va.BASE58_MAX_CHARS)) > 0, True)
+        self.assertRaises(ValueError, va.base58_decode, "2" * (va.BASE58_MAX_CHARS + 1))
+
+    def test_multibase(self):
+        self.assertEqual(va.multibase_encode(b"\x00\x01"), "z12")
+        self.assertEqual(va.multibase_decode("z12"), b"\x00\x01")
+        for text in ("12", "Z12", "u12", "", "zz0"):
+            self.assertRaises(ValueError, va.multibase_decode, text)
+
+
+class CredentialDidKey(unittest.TestCase):
+    """did:key for Ed25519: the did:key spec's test vectors, the verification method, and strict parsing."""
+
+    def test_vectors(self):
+        for seed, did, public_base58 in DID_KEY_VECTORS:
+            public = va.secret_to_public(bytes.fromhex(seed))
+            self.assertEqual(va.base58_encode(public), public_base58)
+            self.assertEqual(va.did_key(public), did)
+            self.assertEqual(va.verification_method(public), did + "#" + did[len("did:key:"):])
+            self.assertEqual(va.did_key_public_key(did), public)
+
+    def test_spec_example_and_prefix(self):
+        # the did:key spec's example; every Ed25519 did:key starts z6Mk (0xed 0x01 and the key's top bits)
+        public = va.did_key_public_key("did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK")
+        self.assertEqual(len(public), 32)
+        self.assertTrue(va.did_key(va.secret_to_public(SEED_A)).startswith("did:key:z6Mk"))
+
+    def test_refusals(self):
+        did = va.did_key(va.secret_to_public(SEED_A))
+        body = va.multibase_decode(did[len("did:key:"):])
+        refused = [
+            did.replace("did:key:", "did:web:"), did.replace("did:key:", "DID:key:"), did + "#x", did[:-1],
+            did.replace(":z", ":u"), did + " ", "did:key:" + va.multibase_encode(body[:-1]),
+            "did:key:" + va.multibase_encode(body + b"\x00"),
+            "did:key:" + va.multibase_encode(b"\xec\x01" + body[2:]),
+            "did:key:" + va.multibase_encode(b"\xed" + body[2:] + b"\x00"), X25519_DID_KEY, None, 42,
+            "did:key:" + va.multibase_encode(b"\x00" + body),   # a leading zero byte: '1' before the codec
+        ]
+        for encoding in SMALL_ORDER_POINTS:   # decodable points of small order
+            refused.append(va.did_key(bytes.fromhex(encoding)))
+        refused.append(va.did_key((va.p + 1).to_bytes(32, "little")))   # y >= p
+        refused.append(va.did_key(b"\x02" + bytes(31)))                    # not on the curve
+        for text in refused:
+            with self.subTest(text=text):
+                self.assertRaises(ValueError, va.did_key_public_key, text)
+
+
+class CredentialDateTime(unittest.TestCase):
+    """created must be an XML Schema dateTimeStamp."""
+
+    def test_table(self):
+        good = ["2026-03-04T05:06:07Z", "2024-02-29T00:00:00Z", "2000-02-29T23:59:59Z", "2026-12-31T23:59:59.123Z",
+                "2026-03-04T05:06:07+14:00", "2026-03-04T05:06:07-05:30", "0001-01-01T00:00:00Z"]
+        bad = ["2026-03-04T05:06:07", "2026-03-04 05:06:07Z", "2026-3-04T05:06:07Z", "2026-03-04T05:06Z",
+               "2023-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z",
+               "2026-00-01T00:00:00Z", "2026-01-00T00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01T00:60:00Z",
+               "2026-01-01T00:00:60Z", "2026-01-01T00:00:00+14:01", "2026-01-01T00:00:00+15:00",
+               "2026-01-01T00:00:00+05:60", "2026-01-01T00:00:00z", "2026-01-01T00:00:00Z\n",
+               "\u0662026-01-01T00:00:00Z",
+               "2026-01-01T00:00:00.Z", "", None, 1767225600, "12026-01-01T00:00:00Z"]
+        for text in good:
+            self.assertTrue(va.date_time_ok(text), text)
+        for text in bad:
+            self.assertFalse(va.date_time_ok(text), text)
+
+
+class CredentialShape(unittest.TestCase):
+    """credential_for: the VC 2.0 shape issue 29 names."""
+
+    def test_shape(self):
+        fields = receipt_fields()
+        before = json.dumps(fields, sort_keys=True)
+        did = va.did_key(va.secret_to_public(SEED_A))
+        credential = va.credential_for(fields, did, CREATED)
+        subject = {k: v for k, v in fields.items() if k not in ("signature", "kid")}
+        self.assertEqual(credential, {
+            "@context": ["https://www.w3.org/ns/credentials/v2"],
+            "type": ["VerifiableCredential", "VerifyActionReceipt"],
+            "issuer": did,
+            "validFrom": CREATED,
+            "credentialSubject": subject,
+        })
+        self.assertEqual(len(subject), len(fields) - 2)
+        self.assertEqual(json.dumps(fields, sort_keys=True), before)
+
+
+class CredentialProofs(unittest.TestCase):
+    """eddsa-jcs-2022: what create_proof makes, and every way verify_proof must refuse a changed document."""
+
+    def setUp(self):
+        self.public_a = va.secret_to_public(SEED_A)
+        self.public_b = va.secret_to_public(SEED_B)
+        self.keys = [self.public_a]
+        self.secured = secured_credential()
+
+    def check(self, document, expected, keys=None):
+        self.assertEqual(va.verify_proof(document, self.keys if keys is None else keys, va._jcs), expected)
+
+    def test_created_proof(self):
+        proof = self.secured["proof"]
+        method = va.verification_method(self.public_a)
+        self.assertEqual(set(proof), {"type", "cryptosuite", "created", "verificationMethod", "proofPurpose",
+                                      "@context", "proofValue"})
+        self.assertEqual(proof["type"], "DataIntegrityProof")
+        self.assertEqual(proof["cryptosuite"], "eddsa-jcs-2022")
+        self.assertEqual(proof["proofPurpose"], "assertionMethod")
+        self.assertEqual(proof["created"], CREATED)
+        self.assertEqual(proof["verificationMethod"], method)
+        self.assertEqual(proof["@context"], ["https://www.w3.org/ns/credentials/v2"])
+        self.assertEqual(len(va.multibase_decode(proof["proofValue"])), 64)
+        self.assertEqual(secured_credential(), self.secured)   # deterministic
+        self.check(self.secured, (True, "ok"))
+
+    def test_signed_bytes_are_the_two_hashes(self):
+        document = {k: v for k, v in self.secured.items() if k != "proof"}
+        options = {k: v for k, v in self.secured["proof"].items() if k != "proofValue"}
+        expected = hashlib.sha256(ref_jcs(options).encode()).digest()
+        expected += hashlib.sha256(ref_jcs(document).encode()).digest()
+        self.assertEqual(va.proof_hash_data(document, options, va._jcs), expected)
+        signature = va.multibase_decode(self.secured["proof"]["proofValue"])
+        self.assertTrue(va.verify(self.public_a, expected, signature))
+        swapped = expected[32:] + expected[:32]
+        self.assertFalse(va.verify(self.public_a, swapped, signature))
+
+    def test_create_refusals(self):
+        credential = {k: v for k, v in self.secured.items() if k != "proof"}
+        self.assertRaises(ValueError, va.create_proof, self.secured, SEED_A, CREATED, va._jcs)
+        self.assertRaises(ValueError, va.create_proof, [credential], SEED_A, CREATED, va._jcs)
+        for created in ("2026-03-04T05:06:07", "2026-02-30T00:00:00Z", "now", None):
+            self.assertRaises(ValueError, va.create_proof, credential, SEED_A, created, va._jcs)
+        self.assertRaises(ValueError, va.create_proof, credential, SEED_A[:31], CREATED, va._jcs)
+        no_context = {k: v for k, v in credential.items() if k != "@context"}
+        self.assertNotIn("@context", va.create_proof(no_context, SEED_A, CREATED, va._jcs))
+
+    def test_every_credential_field_altered(self):
+        expected = {"@context": "malformed", "issuer": "issuer_mismatch"}   # else bad_signature
+        replacements = {"@context": ["https://www.w3.org/ns/credentials/v2", "https://example.org/x"],
+                        "type": ["VerifiableCredential"], "issuer": va.did_key(self.public_b),
+                        "validFrom": "2026-03-04T05:06:08Z", "credentialSubject": {}}
+        self.assertEqual(set(replacements), set(self.secured) - {"proof"})
+        for name, value in replacements.items():
+            with self.subTest(name):
+                self.check(dict(self.secured, **{name: value}), (False, expected.get(name, "bad_signature")))
+                removed = {k: v for k, v in self.secured.items() if k != name}
+                self.check(removed, (False, expected.get(name, "bad_signature")))
+        self.check(dict(self.secured, id="urn:uuid:1"), (False, "bad_signature"))
+
+    def test_every_subject_field_altered(self):
+        subject = self.secured["credentialSubject"]
+        for name, value in subject.items():
+            with self.subTest(name):
+                for other in ("x", 0, 0.71, None, [], {"a": 1}, [value]):
+                    if other == value and type(other) is type(value):
+                        continue
+                    changed = dict(self.secured, credentialSubject=dict(subject, **{name: other}))
+                    self.check(changed, (False, "bad_signature"))
+                removed = {k: v for k, v in subject.items() if k != name}
+                self.check(dict(self.secured, credentialSubject=removed), (False, "bad_signature"))
+        added = dict(subject, kid="k1")
+        self.check(dict(self.secured, credentialSubject=added), (False, "bad_signature"))
+
+    def test_every_proof_field_altered(self):
+        proof = self.secured["proof"]
+        signature = va.multibase_decode(proof["proofValue"])
+        other_method = va.verification_method(self.public_b)
+        rows = [   # (field, new value, keys, expected reason)
+            ("type", "Ed25519Signature2020", None, "unsupported_cryptosuite"),
+            ("cryptosuite", "eddsa-rdfc-2022", None, "unsupported_cryptosuite"),
+            ("cryptosuite", "EDDSA-JCS-2022", None, "unsupported_cryptosuite"),
+            ("created", "2026-03-04T05:06:08Z", None, "bad_signature"),
+            ("created", "2026-03-04", None, "malformed"),
+            ("created", 1772600767, None, "malformed"),
+            ("verificationMethod", other_method, None, "unknown_key"),
+            ("verificationMethod", other_method, [self.public_a, self.public_b], "issuer_mismatch"),
+            ("verificationMethod", va.did_key(self.public_a), None, "unknown_key"),
+            ("verificationMethod", va.did_key(self.public_a) + "#key-1", None, "unknown_key"),
+            ("verificationMethod", 7, None, "malformed"),
+            ("proofPurpose", "authentication", None, "malformed"),
+            ("@context", ["https://www.w3.org/ns/credentials/v2", "https://example.org/x"], None, "malformed"),
+            ("@context", "https://www.w3.org/ns/credentials/v2", None, "malformed"),
+            ("proofValue", "u" + proof["proofValue"][1:], None, "malformed"),
+            ("proofValue", "z" + va.base58_encode(signature[:63]), None, "malformed"),
+            ("proofValue", "z" + va.base58_encode(signature + b"\x00"), None, "malformed"),
+            ("proofValue", "z" + va.base58_encode(b"\x00" + signature), None, "malformed"),
+            ("proofValue", "z" + "2" * (va.BASE58_MAX_CHARS + 1), None, "malformed"),
+            ("proofValue", "z" + va.base58_encode(signature[:32] + va.q.to_bytes(32, "little")), None,
+             "bad_signature"),
+            ("proofValue", "z" + va.base58_encode(b"\x01" * 64), None, "bad_signature"),
+            ("proofValue", None, None, "malformed"),
+        ]
+        for name, value, keys, reason in rows:
+            with self.subTest(name=name, value=value):
+                self.check(dict(self.secured, proof=dict(proof, **{name: value})), (False, reason), keys)
+        for name in proof:
+            with self.subTest(removed=name):
+                removed = {k: v for k, v in proof.items() if k != name}
+                reason = "unsupported_cryptosuite" if name in ("type", "cryptosuite") else "malformed"
+                if name in ("created", "@context"):   # optional in Data Integrity, but bound by the signature
+                    reason = "bad_signature"
+                self.check(dict(self.secured, proof=removed), (False, reason))
+        for extra in ("expires", "domain", "challenge", "nonce", "id", "previousProof", "proofValue2"):
+            self.check(dict(self.secured, proof=dict(proof, **{extra: "x"})), (False, "malformed"))
+
+    def test_one_character_of_the_signature(self):
+        value = self.secured["proof"]["proofValue"]
+        rng = random.Random(64)
+        for position in rng.sample(range(1, len(value)), 12):
+            new = va.BASE58_ALPHABET[(va.BASE58_ALPHABET.index(value[position]) + 1) % 58]
+            changed = value[:position] + new + value[position + 1:]
+            result = va.verify_proof(dict(self.secured, proof=dict(self.secured["proof"], proofValue=changed)),
+                                       self.keys, va._jcs)
+            self.assertIn(result, [(False, "bad_signature"), (False, "malformed")])   # 64 bytes or not
+            if len(va.multibase_decode(changed)) == 64:
+                self.assertEqual(result, (False, "bad_signature"))
+
+    def test_proof_moved_to_another_credential(self):
+        fields = dict(receipt_fields(), verdict="contradicted")
+        other = secured_credential(fields=fields)
+        self.check(other, (True, "ok"))
+        self.check(dict(other, proof=self.secured["proof"]), (False, "bad_signature"))
+        self.check(dict(self.secured, proof=other["proof"]), (False, "bad_signature"))
+
+    def test_wrong_did_key(self):
+        by_b = secured_credential(seed=SEED_B)
+        self.check(by_b, (False, "unknown_key"))
+        self.check(by_b, (True, "ok"), [self.public_b])
+        self.check(self.secured, (False, "unknown_key"), [self.public_b])
+        self.check(self.secured, (False, "unknown_key"), [])
+
+    def test_issuer_not_the_signing_key(self):
+        forged = secured_credential(seed=SEED_B, issuer_seed=SEED_A)
+        both = [self.public_a, self.public_b]
+        self.check(forged, (False, "issuer_mismatch"), both)
+        self.check(forged, (False, "unknown_key"))   # B is not a key of the ring
+        self.check(dict(self.secured, issuer={"id": self.secured["issuer"]}), (False, "issuer_mismatch"))
+
+    def test_rotation(self):
+        # every key verifies; a retired key keeps verifying
+        by_b = secured_credential(seed=SEED_B)
+        ring = [self.public_a, self.public_b]
+        self.check(self.secured, (True, "ok"), ring)
+        self.check(by_b, (True, "ok"), ring)
+        self.check(by_b, (True, "ok"), reversed(ring))
+
+    def test_proof_without_context(self):
+        # the cryptosuite lets an issuer leave @context out of the proof (its Create Proof step 2 is advised)
+        document = {k: v for k, v in self.secured.items() if k != "proof"}
+        options = {k: v for k, v in self.secured["proof"].items() if k not in ("proofValue", "@context")}
+        signature = va.sign(SEED_A, va.proof_hash_data(document, options, va._jcs))
+        secured = dict(document, proof=dict(options, proofValue=va.multibase_encode(signature)))
+        self.check(secured, (True, "ok"))
+        self.check(dict(secured, proof=dict(secured["proof"], **{"@context": document["@context"]})),
+                   (False, "bad_signature"))
+
+    def test_not_a_secured_document(self):
+        document = {k: v for k, v in self.secured.items() if k != "proof"}
+        for value in (document, dict(document, proof=None), dict(document, proof=[self.secured["proof"]]),
+                      [self.secured], "x", None, 7):
+            self.check(value, (False, "malformed"))
+        self.check(dict(self.secured, extra=float("nan")), (False, "malformed"))
+        self.check(dict(self.secured, extra={1, 2}), (False, "malformed"))
+        self.check(dict(self.secured, proof=dict(self.secured["proof"], created="2026-03-04T05:06:07Z")),
+                   (True, "ok"))
+
+    def test_reasons_are_closed(self):
+        self.assertEqual(list(va.PROOF_REASONS), ["malformed", "unsupported_cryptosuite", "unknown_key",
+                                                    "issuer_mismatch", "bad_signature", "ok"])
+
+
+def seeds_of(path):
+    """kid -> seed of the Ed25519 lines of a key-ring file, read apart from the module's parser."""
+    seeds = {}
+    with open(path) as f:
+        for line in f.read().splitlines():
+            fields = line.split()
+            if len(fields) == 3 and fields[1] == "ed25519":
+                seeds[fields[0]] = base64.urlsafe_b64decode(fields[2] + "=")
+    return seeds
+
+
+def proof_verifies(credential, public):
+    """Whether a credential's eddsa-jcs-2022 proof verifies under public, hashed with the tests' own RFC 8785."""
+    document = {k: v for k, v in credential.items() if k != "proof"}
+    options = {k: v for k, v in credential["proof"].items() if k != "proofValue"}
+    signed = hashlib.sha256(ref_jcs(options).encode()).digest() + hashlib.sha256(ref_jcs(document).encode()).digest()
+    return va.verify(public, signed, va.multibase_decode(credential["proof"]["proofValue"]))
+
+
+class CredentialKeyRing(unittest.TestCase):
+    """keygen --alg ed25519 and the key ring's Ed25519 lines: format, rotation, refusals, the seed kept inside."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.keyfile = os.path.join(self.dir, "keys")
+
+    def test_keygen_ed25519_on_a_new_ring_adds_an_hmac_key_first(self):
+        kid = va.keygen(self.keyfile, "ed25519")
+        with open(self.keyfile) as f:
+            lines = [line.split() for line in f.read().splitlines() if not line.startswith("#")]
+        self.assertEqual([len(fields) for fields in lines], [2, 3])
+        self.assertEqual((lines[1][0], lines[1][1]), (kid, "ed25519"))
+        self.assertEqual(len(base64.urlsafe_b64decode(lines[1][2] + "=")), 32)
+        ring = va.load_keyring(self.keyfile)
+        self.assertEqual((ring.kid, ring.signer, list(ring.public_keys)), (lines[0][0], kid, [kid]))
+        self.assertEqual(ring.public_keys[kid], va.secret_to_public(seeds_of(self.keyfile)[kid]))
+        if va.POSIX_MODES:
+            self.assertEqual(stat.S_IMODE(os.stat(self.keyfile).st_mode), 0o600)
+
+    def test_rotation_each_kind_signs_with_its_last_key(self):
+        h1 = va.keygen(self.keyfile)
+        e1 = va.keygen(self.keyfile, "ed25519")
+        e2 = va.keygen(self.keyfile, "ed25519")
+        h2 = va.keygen(self.keyfile)
+        ring = va.load_keyring(self.keyfile)
+        self.assertEqual((ring.kid, ring.signer, list(ring.keys), list(ring.public_keys)), (h2, e2, [h1, h2], [e1, e2]))
+        self.assertEqual([(m["kid"], m["signs"]) for m in ring.methods()], [(e1, False), (e2, True)])
+
+    def test_an_hmac_only_ring_loads_unchanged_and_makes_no_credential(self):
+        kid = va.keygen(self.keyfile)
+        ring = va.load_keyring(self.keyfile)
+        self.assertEqual((ring.kid, ring.signer, dict(ring.public_keys), ring.methods()), (kid, None, {}, []))
+        response = va.Service(ring).verify({"claim": "x", "evidence": {}})
+        self.assertEqual(list(response), list(va._RESPONSE_FIELDS))
+        self.assertIsNone(ring.credential(response["receipt"]))
+        self.assertIsNone(va.KeyRing.generate().signer)
+
+    def test_parse_refusals(self):
+        key = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+        seed = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+        ring = va.KeyRing.parse("h1 %s\ne1 ed25519 %s  # note\n" % (key, seed))
+        self.assertEqual((list(ring.keys), list(ring.public_keys)), (["h1"], ["e1"]))
+        short = base64.urlsafe_b64encode(os.urandom(31)).decode()
+        long_ = base64.urlsafe_b64encode(os.urandom(33)).decode()
+        refused = ["e1 ed25519 %s\n" % seed,                                    # no HMAC key
+                   "h1 %s\ne1 ed25519 %s\n" % (key, short), "h1 %s\ne1 ed25519 %s\n" % (key, long_),
+                   "h1 %s\ne1 ed25519\n" % key, "h1 %s\ne1 Ed25519 %s\n" % (key, seed),
+                   "h1 %s\ne1 hmac %s\n" % (key, seed), "h1 %s\nh1 ed25519 %s\n" % (key, seed),
+                   "h1 %s\ne1 ed25519 %s\ne1 ed25519 %s\n" % (key, seed, seed), "h1 %s\ne/1 ed25519 %s\n" % (key, seed),
+                   "h1 %s\ne1 ed25519 %s x\n" % (key, seed), "h1 %s\ne1 ed25519 !!%s\n" % (key, seed[2:])]
+        for text in refused:
+            with self.subTest(text=text):
+                with self.assertRaises(ValueError) as caught:
+                    va.KeyRing.parse(text)
+                self.assertNotIn(seed[5:20], str(caught.exception))
+                self.assertNotIn(key[5:20], str(caught.exception))
+
+    def test_keygen_refuses_an_unknown_alg_and_a_ring_that_does_not_load(self):
+        self.assertRaises(ValueError, va.keygen, self.keyfile, "rsa")
+        self.assertFalse(os.path.exists(self.keyfile))
+        fd = os.open(self.keyfile, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"h1 notakey\n")
+        os.close(fd)
+        self.assertRaises(ValueError, va.keygen, self.keyfile, "ed25519")
+        with open(self.keyfile, "rb") as f:
+            self.assertEqual(f.read(), b"h1 notakey\n")
+
+    def test_keygen_ed25519_on_a_ring_of_comments_adds_an_hmac_key(self):
+        fd = os.open(self.keyfile, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"# mine")
+        os.close(fd)
+        kid = va.keygen(self.keyfile, "ed25519")
+        ring = va.load_keyring(self.keyfile)
+        self.assertEqual((len(ring.keys), ring.signer), (1, kid))
+
+    def test_public_keys_file(self):
+        dids = [va.did_key(va.secret_to_public(seed)) for seed in (SEED_A, SEED_B)]
+        keys = va.parse_public_keys("# ours\n\n%s\n  %s  # retired\n" % tuple(dids))
+        self.assertEqual(list(keys), dids)
+        self.assertEqual(list(keys.values()), [va.secret_to_public(SEED_A), va.secret_to_public(SEED_B)])
+        for text in ("", "# none\n", dids[0] + "\nnot a did\n", dids[0] + " " + dids[1], dids[0] + "x\n",
+                     X25519_DID_KEY):
+            self.assertRaises(ValueError, va.parse_public_keys, text)
+        self.assertRaisesRegex(ValueError, "^line 2: ", va.parse_public_keys, dids[0] + "\ndid:key:zzz\n")
+
+
+class CredentialService(unittest.TestCase):
+    """The credential beside each receipt, its checks through Service.check, and GET /keys."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp()
+        cls.keyfile = os.path.join(cls.dir, "keys")
+        cls.retired = va.keygen(cls.keyfile, "ed25519")
+        cls.old = va.Service(va.load_keyring(cls.keyfile), issuer="ci-gate").verify(
+            {"claim": "status is ok", "evidence": {"status": "ok"}})
+        cls.kid = va.keygen(cls.keyfile, "ed25519")
+        cls.ring = va.load_keyring(cls.keyfile)
+        cls.service = va.Service(cls.ring, issuer="ci-gate")
+        cls.response = cls.service.verify({"claim": "Added null check for `user.email` in src/user.py",
+                                           "evidence": {"diff": D_USER}, "caller_context": {"job": "42"}})
+        cls.credential = cls.response["credential"]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def check(self, credential):
+        result = self.service.check("credential", credential)
+        return result["valid"], result["reason"], result["kid"]
+
+    def test_the_credential_is_the_receipt_as_issue_29_specifies(self):
+        receipt = self.response["receipt"]
+        public = self.ring.public_keys[self.kid]
+        did = va.did_key(public)
+        self.assertEqual(list(self.response), list(va._RESPONSE_FIELDS) + ["credential"])
+        self.assertEqual(list(self.credential), ["@context", "type", "issuer", "validFrom", "credentialSubject", "proof"])
+        subject = {k: v for k, v in receipt.items() if k not in ("signature", "kid")}
+        self.assertEqual(self.credential["@context"], ["https://www.w3.org/ns/credentials/v2"])
+        self.assertEqual(self.credential["type"], ["VerifiableCredential", "VerifyActionReceipt"])
+        self.assertEqual((self.credential["issuer"], self.credential["validFrom"]), (did, receipt["issued_at"]))
+        self.assertEqual(self.credential["credentialSubject"], subject)
+        self.assertTrue(did.startswith("did:key:z6Mk"))
+        proof = dict(self.credential["proof"])
+        self.assertTrue(proof_verifies(self.credential, public))
+        self.assertEqual(len(va.multibase_decode(proof.pop("proofValue"))), 64)
+        self.assertEqual(proof, {"type": "DataIntegrityProof", "cryptosuite": "eddsa-jcs-2022",
+                                 "created": receipt["issued_at"], "verificationMethod": did + "#" + did[8:],
+                                 "proofPurpose": "assertionMethod", "@context": ["https://www.w3.org/ns/credentials/v2"]})
+        self.assertEqual(self.service.check("receipt", receipt), {"valid": True, "reason": "ok", "kid": self.ring.kid})
+
+    def test_checks(self):
+        self.assertEqual(self.check(self.credential), (True, "ok", self.kid))
+        self.assertEqual(self.check(self.old["credential"]), (True, "ok", self.retired))   # a retired key verifies
+        self.assertTrue(proof_verifies(self.old["credential"], self.ring.public_keys[self.retired]))
+        other = va.Service(va.KeyRing.parse("h %s\ne ed25519 %s\n" % ("A" * 43, "B" * 43)))
+        foreign = other.verify({"claim": "status is ok", "evidence": {"status": "ok"}})["credential"]
+        self.assertEqual(self.check(foreign), (False, "unknown_key", None))
+        self.assertEqual(other.check("credential", foreign)["reason"], "ok")
+        swapped = dict(self.credential, issuer=self.old["credential"]["issuer"])
+        self.assertEqual(self.check(swapped), (False, "issuer_mismatch", None))
+        moved = dict(self.credential, proof=self.old["credential"]["proof"])
+        self.assertEqual(self.check(moved), (False, "issuer_mismatch", None))
+        moved = dict(self.old["credential"], proof=dict(self.old["credential"]["proof"],
+                                                        created=self.credential["proof"]["created"]))
+        expected = "ok" if moved == self.old["credential"] else "bad_signature"
+        self.assertEqual(self.check(moved)[:2], (expected == "ok", expected))
+        hmac_only = va.Service(va.KeyRing.generate())
+        self.assertEqual(hmac_only.check("credential", self.credential)["reason"], "unknown_key")
+        self.assertEqual(self.service.check("credential", self.response["receipt"])["reason"], "malformed")
+        self.assertEqual(self.service.check("receipt", self.credential)["reason"], "malformed")
+
+    def test_every_field_altered_through_the_service(self):
+        for name in self.credential:
+            if name == "proof":
+                continue
+            altered = dict(self.credential, **{name: "x"})
+            expected = {"@context": "malformed", "issuer": "issuer_mismatch"}.get(name, "bad_signature")
+            self.assertEqual(self.check(altered), (False, expected, None), name)
+        subject = self.credential["credentialSubject"]
+        for name in subject:
+            altered = dict(self.credential, credentialSubject=dict(subject, **{name: "altered"}))
+            self.assertEqual(self.check(altered), (False, "bad_signature", None), name)
+        proof = self.credential["proof"]
+        for name in proof:
+            altered = dict(self.credential, proof=dict(proof, **{name: "x"}))
+            expected = {"type": "unsupported_cryptosuite", "cryptosuite": "unsupported_cryptosuite",
+                        "verificationMethod": "unknown_key"}
+            self.assertEqual(self.check(altered), (False, expected.get(name, "malformed"), None), name)
+
+    def test_unsupported_schema(self):
+        seed = seeds_of(self.keyfile)[self.kid]
+        did = va.did_key(self.ring.public_keys[self.kid])
+        fields = dict(self.response["receipt"], schema="verify_action_receipt.v1")
+        for credential in (va.credential_for(fields, did, fields["issued_at"]),
+                           dict(va.credential_for(self.response["receipt"], did, fields["issued_at"]),
+                                type=["VerifiableCredential"])):
+            credential["proof"] = va.create_proof(credential, seed, fields["issued_at"], va._jcs)
+            self.assertEqual(self.check(credential), (False, "unsupported_schema", self.kid))
+        credential = va.credential_for(self.response["receipt"], did, fields["issued_at"])
+        credential["proof"] = va.create_proof(credential, seed, fields["issued_at"], va._jcs)
+        self.assertEqual(self.check(credential), (True, "ok", self.kid))
+
+    def test_keys_document_lists_every_ed25519_key_and_no_secret(self):
+        methods = self.service.keys_document()["keys"]
+        self.assertEqual([(m["kid"], m["signs"]) for m in methods], [(self.retired, False), (self.kid, True)])
+        for method, kid in zip(methods, (self.retired, self.kid)):
+            did = va.did_key(self.ring.public_keys[kid])
+            self.assertEqual(method, {"kid": kid, "signs": kid == self.kid, "id": did + "#" + did[8:],
+                                      "type": "Multikey", "controller": did, "publicKeyMultibase": did[8:]})
+            self.assertEqual(va.did_key_public_key(method["controller"]), self.ring.public_keys[kid])
+
+    def test_no_secret_in_any_document(self):
+        with open(self.keyfile) as f:
+            secrets_text = [line.split()[-1] for line in f.read().splitlines() if not line.startswith("#")]
+        secrets_bytes = list(self.ring.keys.values()) + list(seeds_of(self.keyfile).values())
+        texts = [va._json_text(doc) for doc in (self.response, self.old, self.service.keys_document(),
+                                                va.credential_spec(), va.rules_document(), va.TOOL,
+                                                va.spec_document("off"), self.service.stats())]
+        texts.append(repr(self.ring) + repr(vars(self.ring).keys()))
+        for text in texts:
+            for secret in secrets_text:
+                self.assertNotIn(secret, text)
+            for secret in secrets_bytes:
+                for encoded in (secret.hex(), base64.b64encode(secret).decode()[:40], va.base58_encode(secret)):
+                    self.assertNotIn(encoded, text)
+
+    def test_documents(self):
+        schema = va.TOOL["outputSchema"]
+        self.assertNotIn("credential", schema["required"])
+        self.assertEqual(schema["properties"]["credential"]["required"],
+                         ["@context", "type", "issuer", "validFrom", "credentialSubject", "proof"])
+        self.assertEqual(va.rules_document()["credential_check_reasons"], va.CREDENTIAL_REASONS)
+        self.assertEqual(list(va.CREDENTIAL_REASONS), ["malformed", "unsupported_cryptosuite", "unknown_key",
+                                                       "issuer_mismatch", "bad_signature", "ok", "unsupported_schema"])
+        spec = va.credential_spec()
+        self.assertEqual(spec["format"]["proof"]["cryptosuite"], "eddsa-jcs-2022")
+        self.assertEqual(spec["reasons"], va.CREDENTIAL_REASONS)
+        self.assertIn("GET /keys", va.spec_document("off")["endpoints"])
+
+
+# ---------------------------------------------------------------------------------------------------
 # HTTP against a real server
 # ---------------------------------------------------------------------------------------------------
 def raw_exchange(port, data, method="POST", timeout=5, shutdown=False):
@@ -3628,6 +4565,125 @@ class Cli(unittest.TestCase):
         srv.close()
 
 
+class CredentialEndToEnd(unittest.TestCase):
+    """The real script with an Ed25519 key: HTTP, MCP over HTTP and stdio, the CLI; the seed in no output."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp()
+        cls.keyfile = os.path.join(cls.dir, "keys")
+        run = subprocess.run([PY, SCRIPT, "keygen", "--alg", "ed25519", "--key-file", cls.keyfile],
+                             capture_output=True, timeout=60)
+        cls.keygen_output = run.stdout + run.stderr
+        cls.kid, cls.did = run.stdout.decode().split()
+        with open(cls.keyfile) as f:
+            cls.secrets = [line.split()[-1] for line in f.read().splitlines() if not line.startswith("#")]
+        cls.server = ServerProcess("--key-file", cls.keyfile)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.close()
+        shutil.rmtree(cls.dir)
+
+    def request(self, method, path, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=10)
+        try:
+            c.request(method, path, None if body is None else json.dumps(body), JSON)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def run_cli(self, *args):
+        return subprocess.run([PY, SCRIPT] + list(args), capture_output=True, timeout=60)
+
+    def write(self, name, doc):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        return path
+
+    def assertNoSecret(self, data):
+        for secret in self.secrets:
+            self.assertNotIn(secret.encode(), data)
+
+    def test_keygen_prints_the_kid_and_the_did_key(self):
+        ring = va.load_keyring(self.keyfile)
+        self.assertEqual((ring.signer, va.did_key(ring.public_keys[ring.signer])), (self.kid, self.did))
+        self.assertNoSecret(self.keygen_output)
+
+    def test_http(self):
+        status, body = self.request("POST", "/verify", {"claim": "status is ok", "evidence": {"status": "ok"}})
+        self.assertEqual(status, 200)
+        response = json.loads(body)
+        credential = response["credential"]
+        self.assertEqual(credential["issuer"], self.did)
+        self.assertTrue(proof_verifies(credential, va.did_key_public_key(self.did)))
+        status, body = self.request("GET", "/keys")
+        self.assertEqual((status, [m["controller"] for m in json.loads(body)["keys"]]), (200, [self.did]))
+        answers = []
+        for document in ({"credential": credential}, {"receipt": response["receipt"]},
+                         {"credential": dict(credential, validFrom="2020-01-01T00:00:00Z")}):
+            status, body = self.request("POST", "/receipts/verify", document)
+            answers.append((status, json.loads(body)))
+        self.assertEqual(answers, [(200, {"valid": True, "reason": "ok", "kid": self.kid}),
+                                   (200, {"valid": True, "reason": "ok", "kid": response["receipt"]["kid"]}),
+                                   (200, {"valid": False, "reason": "bad_signature", "kid": None})])
+        for document in ({"credential": credential, "receipt": response["receipt"]}, {"credential": [credential]},
+                         {"credentials": credential}, {}):
+            status, body = self.request("POST", "/receipts/verify", document)
+            self.assertEqual((status, json.loads(body)["error"]), (400, "invalid_request"))
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "verify_action", "arguments": {"claim": "status is ok", "evidence": {"status": "ok"}}}}
+        status, body = self.request("POST", "/mcp", call)
+        result = json.loads(body)["result"]
+        self.assertEqual(result["structuredContent"]["credential"]["issuer"], self.did)
+        self.assertEqual(json.loads(result["content"][0]["text"])["credential"], result["structuredContent"]["credential"])
+        for path in ("/spec", "/rules", "/stats", "/keys", "/healthcheck", "/"):
+            self.assertNoSecret(self.request("GET", path)[1])
+
+    def test_stdio(self):
+        messages = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+                    {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "verify_action", "arguments": {
+                        "claim": "status is ok", "evidence": {"status": "ok"}}}}]
+        lines = b"".join(json.dumps(m).encode() + b"\n" for m in messages)
+        run = subprocess.run([PY, SCRIPT, "--stdio", "--key-file", self.keyfile], input=lines, capture_output=True,
+                             timeout=60)
+        replies = [json.loads(line) for line in run.stdout.splitlines()]
+        credential = replies[1]["result"]["structuredContent"]["credential"]
+        self.assertEqual(va.verify_credential(credential, va.parse_public_keys(self.did)), (True, "ok", self.did))
+        self.assertNoSecret(run.stdout + run.stderr)
+
+    def test_cli_checks_with_public_keys_alone(self):
+        response = va.Service(va.load_keyring(self.keyfile)).verify({"claim": "x", "evidence": {}})
+        credential = response["credential"]
+        other = va.did_key(va.secret_to_public(SEED_A))
+        keys = self.write("public", "# ours\n%s\n" % self.did)
+        rows = [  # (file's document, flags, exit status, printed reason)
+            (response, ["--public-keys", keys], 0, "ok"),
+            (credential, ["--public-keys", keys], 0, "ok"),
+            (credential, ["--key-file", self.keyfile], 0, "ok"),
+            (response, ["--key-file", self.keyfile], 0, "ok"),                  # a response: its receipt
+            (dict(credential, validFrom="2020-01-01T00:00:00Z"), ["--public-keys", keys], 1, "bad_signature"),
+            (credential, ["--public-keys", self.write("other", other)], 1, "unknown_key"),
+            (dict(credential, issuer=other), ["--public-keys", keys], 1, "issuer_mismatch"),
+        ]
+        for doc, flags, code, reason in rows:
+            run = self.run_cli("verify-receipt", self.write("doc.json", doc), *flags)
+            self.assertEqual((run.returncode, json.loads(run.stdout)["reason"]), (code, reason), (flags, run.stderr))
+        refused = [(response["receipt"], ["--public-keys", keys], b"needs --key-file"),
+                   (credential, ["--public-keys", self.write("bad", self.did + "\nnope\n")], b"line 2: "),
+                   (credential, ["--public-keys", keys, "--key-file", self.keyfile], b"not allowed with"),
+                   (credential, [], b"one of the arguments")]
+        for doc, flags, message in refused:
+            run = self.run_cli("verify-receipt", self.write("doc.json", doc), *flags)
+            self.assertEqual((run.returncode, run.stdout), (2, b""))
+            self.assertIn(message, run.stderr)
+        run = self.run_cli("keygen", "--alg", "rsa", "--key-file", self.keyfile)
+        self.assertEqual(run.returncode, 2)
+        self.assertNoSecret(self.server.stderr)
+
+
 class Stdio(unittest.TestCase):
     def setUp(self):
         self.proc = subprocess.Popen([PY, SCRIPT, "--stdio"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -4349,10 +5405,78 @@ def bench_sandbox(seconds=3.0, rounds=3):
     print("%-34s %10.2f %10.2f %14.2f" % tuple(["ratio auto/off"] + [a / b for a, b in zip(best["auto"], best["off"])]))
 
 
+def median_us(function, runs):
+    """The median wall time of runs calls of function, in microseconds."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def bench_credentials(seconds=4.0, rounds=3):
+    """Issue 29's cost: throughput of POST /verify with an Ed25519 key signing a credential beside each receipt, and
+    with HMAC alone, as ratios to the stdlib floor server (best of rounds alternating runs); then sign, the
+    credential and its check, timed alone (medians)."""
+    body, best = bench_body(), {}
+    folder = tempfile.mkdtemp(prefix="va-bench-")
+    rings = {"hmac": os.path.join(folder, "hmac"), "ed25519": os.path.join(folder, "ed25519")}
+    va.keygen(rings["hmac"])
+    va.keygen(rings["ed25519"], "ed25519")
+    servers = (("baseline", [PY, "-c", BASELINE], []), ("hmac only", [PY, SCRIPT], ["--key-file", rings["hmac"]]),
+               ("ed25519 credential", [PY, SCRIPT], ["--key-file", rings["ed25519"]]))
+    for _ in range(rounds):
+        for name, command, args in servers:
+            srv = ServerProcess(*args, command=command)
+            try:
+                load(srv.port, 4, 0.5, body)  # warm-up
+                runs = (load(srv.port, 1, seconds, body)[0], load(srv.port, 16, seconds, body)[0])
+            finally:
+                srv.close()
+            best[name] = [max(old, new) for old, new in zip(best.get(name, [0, 0]), runs)]
+    print("\ncredentials (issue 29): POST /verify, best of %d alternating %g s runs per server; load average %.2f"
+          % (rounds, seconds, getattr(os, "getloadavg", lambda: [float("nan")])()[0]))
+    print("%-22s %10s %10s %12s %12s" % ("server", "req/s c=1", "req/s c=16", "ratio c=1", "ratio c=16"))
+    floor = best["baseline"]
+    for name, _, _ in servers:
+        one, sixteen = best[name]
+        print("%-22s %10.0f %10.0f %12.2f %12.2f" % (name, one, sixteen, one / floor[0], sixteen / floor[1]))
+    print("goal: ed25519 credential >= 0.15x the floor at c=1 (the peer, HMAC: 0.13x)")
+    ring = va.load_keyring(rings["ed25519"])
+    seed = seeds_of(rings["ed25519"])[ring.signer]
+    service = va.Service(ring)
+    hmac_service = va.Service(va.KeyRing.generate())
+    request = json.loads(body)
+    response = service.verify(request)
+    shutil.rmtree(folder)
+    va.base_table.cache_clear()
+    start = time.perf_counter()
+    va.base_table()
+    table_ms = (time.perf_counter() - start) * 1000
+    message = bytes(64)
+    rows = [
+        ("sign, 64 bytes (RFC 8032 §5.1.6)", median_us(lambda: va.sign(seed, message), 2000)),
+        ("the credential of a receipt (sign, 2 JCS, 2 SHA-256)", median_us(lambda: ring.credential(response["receipt"]),
+                                                                          1000)),
+        ("Service.verify, ed25519 ring", median_us(lambda: service.verify(request), 1000)),
+        ("Service.verify, hmac ring", median_us(lambda: hmac_service.verify(request), 1000)),
+        ("verify_credential (strict verify)", median_us(lambda: va.verify_credential(response["credential"],
+                                                                                   ring.public_keys), 200)),
+    ]
+    print("base_table, once at startup: %.1f ms" % table_ms)
+    for name, microseconds in rows:
+        print("%-58s %8.0f us (median)" % (name, microseconds))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bench"]:
         bench()
         bench_sandbox()
+        bench_credentials()
+    elif sys.argv[1:2] == ["credentials"]:  # issue 29's part of the bench alone
+        bench_credentials()
     elif sys.argv[1:2] == ["adversarial"]:  # the adversarial table alone
         adversarial_table()
     else:

@@ -4,14 +4,15 @@ receipt of what was judged. One file, Python standard library only (CPython 3.9+
 
   python3 verify_action.py [--host H] [--port P] [--key-file F] ...   HTTP on 127.0.0.1:8092
   python3 verify_action.py --stdio [--key-file F]                     MCP over stdio
-  python3 verify_action.py keygen --key-file F                        create a key ring, or add a key
+  python3 verify_action.py keygen --key-file F [--alg ed25519]        create a key ring, or add a key
   python3 verify_action.py verify-receipt FILE --key-file F           check a receipt offline (exit 0/1)
+  python3 verify_action.py verify-receipt FILE --public-keys F        check a credential with did:keys alone
 Deterministic rules that fetch nothing judge whether the evidence is consistent with the claim; a receipt (HMAC-SHA256
 over RFC 8785 canonical JSON) proves which service judged which request, when, with what result: never the claim.
 """
 
-import argparse, base64, collections, gc, hashlib, hmac, html, http, ipaddress, itertools, json, operator, os, re
-import secrets, selectors, socket, stat, sys, threading, time, urllib.parse
+import argparse, base64, collections, functools, gc, hashlib, hmac, html, http, ipaddress, itertools, json, operator
+import os, re, secrets, selectors, socket, stat, sys, threading, time, urllib.parse
 
 # ============================================================================================================
 # §1 Constants, verdicts, signals and the decision
@@ -3797,31 +3798,100 @@ def _key_pair(fields):
     return fields[0], key
 
 
-class KeyRing(object):
-    """HMAC keys by kid: the last key signs new receipts, every key verifies."""
+ED25519_ALG = "ed25519"  # keygen --alg, and the second field of an Ed25519 key-ring line
 
-    def __init__(self, pairs, ephemeral=False):
+
+def _ed25519_pair(fields):
+    """(kid, seed) of the fields of an Ed25519 key-ring line, 'kid ed25519 seed' (the seed: 32 bytes, base64url),
+    or None unless they are one."""
+    if len(fields) != 3 or fields[1] != ED25519_ALG or not _kid_ok(fields[0]):
+        return None
+    seed = _key_bytes(fields[2])
+    if len(seed) != 32:
+        return None
+    return fields[0], seed
+
+
+KEY_LINES = {  # the lines of a key ring: its format, as keygen writes it and /spec documents it
+    "hmac": "kid key: an HMAC-SHA256 key of at least 32 bytes, unpadded base64url.",
+    ED25519_ALG: "kid ed25519 seed: an Ed25519 private key, its 32-byte seed (RFC 8032), unpadded base64url.",
+    "rules": (
+        "'#' starts a comment. Each kid appears once. The last key of each kind signs; every key verifies, so a "
+        "retired key is kept. A ring needs an HMAC key: every receipt carries an HMAC signature."
+    ),
+}
+_KEY_LINE_ERROR = (
+    "line %d: expected 'kid key' (a base64url key of >= 32 bytes) or 'kid ed25519 seed' (a base64url seed of 32 "
+    "bytes), with a new kid"
+)
+
+
+class KeyRing(object):
+    """HMAC keys by kid: the last key signs new receipts, every key verifies. Ed25519 seeds by kid: when there are
+    any, the last signs a credential beside each receipt, and every public key verifies credentials."""
+
+    def __init__(self, pairs, ephemeral=False, ed25519=()):
+        if not pairs and ed25519:
+            raise ValueError("the key ring has no HMAC key: receipts need one (run keygen without --alg)")
         if not pairs:
             raise ValueError("the key ring has no keys")
         self.keys = collections.OrderedDict(pairs)
         self.kid = pairs[-1][0]
         self.ephemeral = ephemeral
+        self._seeds = collections.OrderedDict(ed25519)
+        publics = [(kid, secret_to_public(seed)) for kid, seed in ed25519]
+        self.public_keys = collections.OrderedDict(publics)  # kid -> 32-byte Ed25519 public key, retired ones too
+        self.signer = ed25519[-1][0] if ed25519 else None  # the kid of the Ed25519 key that signs credentials
 
     @classmethod
     def parse(cls, text, allow_empty=False):
-        """The key ring of 'kid key' lines (key: >= 32 bytes, base64url); '#' starts a comment. Raises ValueError."""
+        """The key ring of KEY_LINES' lines. Raises ValueError; None for a ring without keys when allow_empty."""
         pairs = []
+        seeds = []
         for number, line in enumerate(text.splitlines(), 1):
             fields = line.split("#", 1)[0].split()
             if not fields:
                 continue
             pair = _key_pair(fields)
-            if pair is None or pair[0] in dict(pairs):
-                raise ValueError("line %d: expected 'kid key' (a new kid; a base64url key of >= 32 bytes)" % number)
-            pairs.append(pair)
-        if pairs or not allow_empty:
-            return cls(pairs)
+            into = pairs
+            if pair is None:
+                pair = _ed25519_pair(fields)
+                into = seeds
+            if pair is None or pair[0] in dict(pairs + seeds):
+                raise ValueError(_KEY_LINE_ERROR % number)
+            into.append(pair)
+        if pairs or seeds or not allow_empty:
+            return cls(pairs, ed25519=seeds)
         return None
+
+    def methods(self):
+        """GET /keys: every Ed25519 verification method of the ring, retired ones too, as {kid, signs, id, type,
+        controller, publicKeyMultibase}; never a seed or an HMAC key."""
+        methods = []
+        for kid, public in self.public_keys.items():
+            did = did_key(public)
+            method = {
+                "kid": kid,
+                "signs": kid == self.signer,
+                "id": verification_method(public),
+                "type": "Multikey",
+                "controller": did,
+                "publicKeyMultibase": did[len(DID_KEY):],
+            }
+            methods.append(method)
+        return methods
+
+    def credential(self, receipt):
+        """The receipt as a Verifiable Credential secured by the signing Ed25519 key's eddsa-jcs-2022 proof, or None
+        when the ring has no Ed25519 key. Its validFrom and the proof's created are the receipt's issued_at."""
+        if self.signer is None:
+            return None
+        issued_at = receipt["issued_at"]
+        did = did_key(self.public_keys[self.signer])
+        credential = credential_for(receipt, did, issued_at)
+        proof = create_proof(credential, self._seeds[self.signer], issued_at, _jcs)
+        credential["proof"] = proof
+        return credential
 
     @classmethod
     def generate(cls):
@@ -3905,6 +3975,503 @@ def verify_receipt(receipt, keyring):
     return valid, "ok" if valid else "bad_signature", kid
 
 
+
+# ============================================================================================================
+# §4b Ed25519 signatures, did:key and eddsa-jcs-2022 credentials (pure)
+# ============================================================================================================
+# RFC 8032 §6's arithmetic with its names. Points are tuples of extended coordinates (X, Y, Z, T): x = X/Z,
+# y = Y/Z, x*y = T/Z. Verification is strict, as verified_memory.py's: a key or R that is not the canonical
+# encoding of a curve point (y >= p, "-0") fails to decode, a key or R of small order is refused (such a key lets
+# anyone forge), S must be below q, and the equation is the cofactorless [S]G == R + [h]A.
+# Signing handles a secret, and pure Python cannot be constant time: see base_mul.
+
+p = 2**255 - 19                                          # the field: integers mod p
+q = 2**252 + 27742317777372353535851937790883648493      # the order of G (L in RFC 8032 §5.1)
+
+
+def modp_inv(x):
+    """1/x mod p. Python's modular inverse (3.8+), far cheaper than the RFC's x^(p-2)."""
+    return pow(x, -1, p)
+
+
+d = -121665 * modp_inv(121666) % p                       # the curve: -x^2 + y^2 = 1 + d x^2 y^2
+modp_sqrt_m1 = pow(2, (p - 1) // 4, p)                   # a square root of -1
+NEUTRAL = (0, 1, 1, 0)                                   # the point (0, 1), the group's neutral element
+
+
+def sha512_modq(s):
+    """SHA-512 of the bytes s, read as a little-endian integer and reduced mod q."""
+    digest = hashlib.sha512(s).digest()
+    return int.from_bytes(digest, "little") % q
+
+
+def point_add(P, Q):
+    """P + Q (RFC 8032 §5.1.4: add-2008-hwcd-3, complete for this curve, so it also doubles)."""
+    X1, Y1, Z1, T1 = P
+    X2, Y2, Z2, T2 = Q
+    A = (Y1 - X1) * (Y2 - X2) % p
+    B = (Y1 + X1) * (Y2 + X2) % p
+    C = 2 * T1 * T2 * d % p
+    D = 2 * Z1 * Z2 % p
+    E = B - A
+    F = D - C
+    G = D + C
+    H = B + A
+    X3 = E * F % p
+    Y3 = G * H % p
+    Z3 = F * G % p
+    T3 = E * H % p
+    return (X3, Y3, Z3, T3)
+
+
+def point_mul(s, P):
+    """[s]P for an integer s >= 0, by double-and-add from the lowest bit (variable time: for public s only)."""
+    Q = NEUTRAL
+    while s > 0:
+        if s & 1:
+            Q = point_add(Q, P)
+        P = point_add(P, P)
+        s >>= 1
+    return Q
+
+
+def point_equal(P, Q):
+    """True iff P and Q are the same point: x1/z1 == x2/z2 and y1/z1 == y2/z2."""
+    X1, Y1, Z1, _ = P
+    X2, Y2, Z2, _ = Q
+    if (X1 * Z2 - X2 * Z1) % p != 0:
+        return False
+    if (Y1 * Z2 - Y2 * Z1) % p != 0:
+        return False
+    return True
+
+
+def is_small_order(P):
+    """True iff [8]P is the neutral element: P is one of the 8 points of order 1, 2, 4 or 8."""
+    return point_equal(point_mul(8, P), NEUTRAL)
+
+
+def recover_x(y, sign):
+    """The x of the curve point with this y whose low bit is `sign`, or None if there is none (RFC 8032 §5.1.3)."""
+    if y >= p:
+        return None
+    # Reduced before the test for 0: RFC 8032 §6 tests the unreduced product and so decodes "-0" forms.
+    u = y * y - 1
+    v = d * y * y + 1
+    x2 = u * modp_inv(v) % p
+    if x2 == 0:
+        if sign:
+            return None
+        return 0
+    x = pow(x2, (p + 3) // 8, p)                         # if x2 is a square: a root of x2 or of -x2
+    if (x * x - x2) % p != 0:
+        x = x * modp_sqrt_m1 % p
+    if (x * x - x2) % p != 0:
+        return None                                      # x2 is not a square: no such point
+    if (x & 1) != sign:
+        x = p - x
+    return x
+
+
+def point_compress(P):
+    """The 32-byte encoding of P (RFC 8032 §5.1.2): y, little-endian, with the low bit of x in the top bit."""
+    X, Y, Z, _ = P
+    zinv = modp_inv(Z)
+    x = X * zinv % p
+    y = Y * zinv % p
+    return int.to_bytes(y | ((x & 1) << 255), 32, "little")
+
+
+def point_decompress(s):
+    """The point whose canonical 32-byte encoding is s (RFC 8032 §5.1.3), or None."""
+    if len(s) != 32:
+        return None
+    y = int.from_bytes(s, "little")
+    sign = y >> 255
+    y &= (1 << 255) - 1
+    x = recover_x(y, sign)
+    if x is None:
+        return None
+    return (x, y, 1, x * y % p)
+
+
+g_y = 4 * modp_inv(5) % p                                # the base point G: y = 4/5, x even
+g_x = recover_x(g_y, 0)
+G = (g_x, g_y, 1, g_x * g_y % p)
+BASE_WINDOW = 8                                          # bits of the scalar each row of base_table covers
+BASE_ROWS = 256 // BASE_WINDOW
+
+
+@functools.lru_cache(maxsize=None)
+def base_table():
+    """Row i, entry j: the point [j * 2^(BASE_WINDOW * i)]G, for every row of a 256-bit scalar. Made once, on
+    first use: BASE_ROWS tuples of 2^BASE_WINDOW points."""
+    rows = []
+    start = G                                            # [2^(BASE_WINDOW * i)]G for the row being made
+    for _ in range(BASE_ROWS):
+        row = [NEUTRAL]
+        for _ in range((1 << BASE_WINDOW) - 1):
+            row.append(point_add(row[-1], start))
+        rows.append(tuple(row))
+        start = point_add(row[-1], start)
+    return tuple(rows)
+
+
+def base_mul(s):
+    """[s]G for 0 <= s < 2^256, from base_table: equals point_mul(s, G), in BASE_ROWS additions whatever s is.
+    The index of each lookup is a byte of s, which is secret when signing (the key a, the nonce r). Indexing a
+    Python list takes the same steps for every index, but the entry read shows in the cache, and big-integer
+    arithmetic is faster on some values (the neutral entry for a zero byte), so a process that can time this one
+    or watch its cache may learn bits of s, and from them the key."""
+    if not 0 <= s < 1 << 256:
+        raise ValueError("base_mul takes a scalar below 2^256")
+    mask = (1 << BASE_WINDOW) - 1
+    Q = NEUTRAL
+    for row in base_table():
+        Q = point_add(Q, row[s & mask])
+        s >>= BASE_WINDOW
+    return Q
+
+
+def secret_expand(secret):
+    """(a, prefix) of a 32-byte seed (RFC 8032 §5.1.5): the clamped scalar, and the nonce key."""
+    if len(secret) != 32:
+        raise ValueError("an Ed25519 secret key is 32 bytes")
+    h = hashlib.sha512(secret).digest()
+    a = int.from_bytes(h[:32], "little")
+    a &= (1 << 254) - 8
+    a |= 1 << 254
+    return (a, h[32:])
+
+
+@functools.lru_cache(maxsize=64)
+def expanded_key(secret):
+    """(a, prefix, A) of a 32-byte seed: secret_expand's scalar and nonce key, and the public key A = [a]G encoded.
+    Cached, as a key ring signs with one seed again and again and [a]G costs half a signature. A is always made
+    here from the seed, never taken from a caller: two signatures of one message under different A reveal a."""
+    a, prefix = secret_expand(secret)
+    A = point_compress(base_mul(a))
+    return (a, prefix, A)
+
+
+def secret_to_public(secret):
+    """The 32-byte public key of a 32-byte seed (RFC 8032 §5.1.5)."""
+    return expanded_key(secret)[2]
+
+
+def sign(secret, msg):
+    """The 64-byte Ed25519 signature R || S of the bytes msg under a 32-byte seed (RFC 8032 §5.1.6)."""
+    a, prefix, A = expanded_key(secret)
+    r = sha512_modq(prefix + msg)
+    Rs = point_compress(base_mul(r))
+    h = sha512_modq(Rs + A + msg)
+    s = (r + h * a) % q
+    return Rs + int.to_bytes(s, 32, "little")
+
+
+def verify(public, msg, signature):
+    """True iff signature (64 bytes) is a strict Ed25519 signature of msg by public (32 bytes), as this
+    section's first lines define strict. Anything else gives False, whatever its type: never raises."""
+    inputs = (public, msg, signature)
+    if not all(isinstance(value, bytes) for value in inputs):
+        return False
+    if len(public) != 32 or len(signature) != 64:
+        return False
+    A = point_decompress(public)
+    if A is None or is_small_order(A):
+        return False
+    Rs = signature[:32]
+    R = point_decompress(Rs)
+    if R is None or is_small_order(R):
+        return False
+    s = int.from_bytes(signature[32:], "little")
+    if s >= q:                                           # S + q would verify too (RFC 8032 §8.4)
+        return False
+    h = sha512_modq(Rs + public + msg)
+    sB = base_mul(s)
+    hA = point_mul(h, A)
+    return point_equal(sB, point_add(R, hA))
+
+
+# base58btc (the Bitcoin alphabet), multibase and did:key (W3C CCG did:key v0.9; the Multibase section of W3C
+# Controlled Identifiers). A run of leading zero bytes is a run of '1's; the rest is one big-endian number in base 58.
+BASE58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+BASE58_DIGITS = {char: value for value, char in enumerate(BASE58_ALPHABET)}
+BASE58_MAX_CHARS = 128            # longer than any key or signature here; the decoding's cost grows as its square
+MULTIBASE_BASE58BTC = "z"
+ED25519_PUB_MULTICODEC = b"\xed\x01"  # the varint of 0xed, multicodec ed25519-pub
+DID_KEY = "did:key:"
+
+
+def base58_encode(data):
+    """The base58btc text of the bytes data."""
+    zeros = len(data) - len(data.lstrip(b"\x00"))
+    n = int.from_bytes(data, "big")
+    digits = []
+    while n:
+        n, digit = divmod(n, 58)
+        digits.append(BASE58_ALPHABET[digit])
+    digits.reverse()
+    return "1" * zeros + "".join(digits)
+
+
+def base58_decode(text):
+    """The bytes whose base58btc text is text (at most BASE58_MAX_CHARS characters); ValueError otherwise."""
+    if not isinstance(text, str) or len(text) > BASE58_MAX_CHARS:
+        raise ValueError("not base58btc text of a key or signature")
+    zeros = len(text) - len(text.lstrip("1"))
+    n = 0
+    for char in text:
+        digit = BASE58_DIGITS.get(char)
+        if digit is None:
+            raise ValueError("a character outside the base58btc alphabet")
+        n = n * 58 + digit
+    body = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return b"\x00" * zeros + body
+
+
+def multibase_encode(data):
+    """data as a multibase base58btc string: 'z' and its base58btc text."""
+    return MULTIBASE_BASE58BTC + base58_encode(data)
+
+
+def multibase_decode(text):
+    """The bytes of a multibase base58btc string; ValueError for any other string or base."""
+    if not isinstance(text, str) or not text.startswith(MULTIBASE_BASE58BTC):
+        raise ValueError("not a multibase base58btc string")
+    return base58_decode(text[1:])
+
+
+def did_key(public):
+    """The did:key of a 32-byte Ed25519 public key: did:key:z6Mk..."""
+    return DID_KEY + multibase_encode(ED25519_PUB_MULTICODEC + public)
+
+
+def verification_method(public):
+    """The verification method of a did:key, as its DID document names it: did:key:z6Mk...#z6Mk..."""
+    did = did_key(public)
+    return did + "#" + did[len(DID_KEY):]
+
+
+def did_key_public_key(did):
+    """The 32-byte Ed25519 public key of an Ed25519 did:key; ValueError unless the key is the canonical encoding
+    of a curve point of large order. Base58btc text and bytes correspond one to one, so did == did_key(key)."""
+    if not isinstance(did, str) or not did.startswith(DID_KEY):
+        raise ValueError("not a did:key")
+    decoded = multibase_decode(did[len(DID_KEY):])
+    public = decoded[len(ED25519_PUB_MULTICODEC):]
+    if not decoded.startswith(ED25519_PUB_MULTICODEC) or len(public) != 32:
+        raise ValueError("not an Ed25519 did:key")
+    point = point_decompress(public)
+    if point is None or is_small_order(point):
+        raise ValueError("the did:key's Ed25519 public key is not a usable curve point")
+    return public
+
+
+# Data Integrity proofs, cryptosuite eddsa-jcs-2022 (W3C Data Integrity EdDSA Cryptosuites v1.0 §3.3). The
+# signed bytes are SHA-256 of the RFC 8785 text of the proof configuration (the proof without proofValue, with
+# the document's @context), then SHA-256 of the RFC 8785 text of the document without its proof. `canonical`, a
+# function from a JSON value to its RFC 8785 text, is passed in; it raises TypeError or ValueError for a value
+# JSON cannot hold.
+CREDENTIALS_V2_CONTEXT = "https://www.w3.org/ns/credentials/v2"
+CREDENTIAL_TYPE = "VerifiableCredential"
+RECEIPT_TYPE = "VerifyActionReceipt"
+PROOF_TYPE = "DataIntegrityProof"
+CRYPTOSUITE = "eddsa-jcs-2022"
+PROOF_PURPOSE = "assertionMethod"
+PROOF_REQUIRED = frozenset(["type", "cryptosuite", "verificationMethod", "proofPurpose", "proofValue"])
+PROOF_OPTIONAL = frozenset(["created", "@context"])
+PROOF_REASONS = {  # verify_proof's reasons, in the order it checks
+    "malformed": "not a secured document with one proof of known fields and well-formed values",
+    "unsupported_cryptosuite": "the proof is not a DataIntegrityProof of cryptosuite eddsa-jcs-2022",
+    "unknown_key": "the verificationMethod is not the did:key of one of the given public keys",
+    "issuer_mismatch": "the issuer is not the did:key that made the proof",
+    "bad_signature": "the signature does not verify: the document or its proof was altered",
+    "ok": "the proof verifies under one of the given keys, which is the issuer",
+}
+# XML Schema 1.1 dateTimeStamp (a time zone is required), with a four-digit year; ranges checked by date_time_ok
+DATE_TIME_STAMP = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.[0-9]+)?(?:Z|[+-]([0-9]{2}):([0-9]{2}))"
+)
+MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def days_in_month(year, month):
+    """The days of a month (1-12) of a year of the Gregorian calendar."""
+    if month != 2:
+        return MONTH_DAYS[month - 1]
+    if year % 400 == 0:
+        return 29
+    if year % 100 == 0:
+        return 28
+    if year % 4 == 0:
+        return 29
+    return 28
+
+
+def date_time_ok(text):
+    """True iff text is an XML Schema dateTimeStamp with a four-digit year, such as 2026-01-02T03:04:05Z: each field
+    in range (Feb 29 only in a leap year, no 24:00:00 or leap second), the time zone Z or at most +-14:00."""
+    match = DATE_TIME_STAMP.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        return False
+    fields = [int(field or "0") for field in match.groups()]     # Z leaves the offset's groups None: 00:00
+    year, month, day, hour, minute, second, offset_hours, offset_minutes = fields
+    if not 1 <= month <= 12:
+        return False
+    if not 1 <= day <= days_in_month(year, month):
+        return False
+    if hour > 23 or minute > 59 or second > 59:
+        return False
+    return offset_minutes <= 59 and offset_hours * 60 + offset_minutes <= 14 * 60
+
+
+def without(mapping, *names):
+    """A shallow copy of the dict mapping without the members names."""
+    return {name: value for name, value in mapping.items() if name not in names}
+
+
+def proof_hash_data(document, proof_options, canonical):
+    """The 64 bytes an eddsa-jcs-2022 proof signs: SHA-256 of the canonical proof configuration (the proof
+    without proofValue), then SHA-256 of the canonical document (without proof)."""
+    config_text = canonical(proof_options).encode("utf-8")
+    document_text = canonical(document).encode("utf-8")
+    return hashlib.sha256(config_text).digest() + hashlib.sha256(document_text).digest()
+
+
+def create_proof(document, seed, created, canonical):
+    """The eddsa-jcs-2022 proof of a JSON object document (which has no proof) by the Ed25519 key of a 32-byte
+    seed, made at created (a dateTimeStamp): a new dict; the secured document is the document with it as proof.
+    It carries the document's @context, as the cryptosuite's Create Proof step 2 says. ValueError for a document
+    that has a proof, a created that is not a dateTimeStamp, or a seed that is not 32 bytes."""
+    if not isinstance(document, dict) or "proof" in document:
+        raise ValueError("create_proof takes a JSON object without a proof")
+    if not date_time_ok(created):
+        raise ValueError("created must be an XML Schema dateTimeStamp, such as 2026-01-02T03:04:05Z")
+    method = verification_method(secret_to_public(seed))
+    proof = {
+        "type": PROOF_TYPE,
+        "cryptosuite": CRYPTOSUITE,
+        "created": created,
+        "verificationMethod": method,
+        "proofPurpose": PROOF_PURPOSE,
+    }
+    if "@context" in document:
+        proof["@context"] = document["@context"]
+    signature = sign(seed, proof_hash_data(document, proof, canonical))
+    proof["proofValue"] = multibase_encode(signature)
+    return proof
+
+
+def proof_shape_ok(secured_document, proof):
+    """True iff the proof has exactly the known fields, each well formed, and its @context, when it has one, is
+    the document's (the cryptosuite allows the document's to extend it; this receipt format does not)."""
+    fields = set(proof)
+    if not PROOF_REQUIRED <= fields <= PROOF_REQUIRED | PROOF_OPTIONAL:
+        return False
+    if not isinstance(proof["verificationMethod"], str) or proof["proofPurpose"] != PROOF_PURPOSE:
+        return False
+    if "created" in proof and not date_time_ok(proof["created"]):
+        return False
+    if "@context" in proof and proof["@context"] != secured_document.get("@context"):
+        return False
+    return True
+
+
+def proof_signature(proof):
+    """The 64 signature bytes of a proof's proofValue, or None if it is not multibase base58btc of 64 bytes."""
+    try:
+        signature = multibase_decode(proof["proofValue"])
+    except ValueError:
+        return None
+    if len(signature) != 64:
+        return None
+    return signature
+
+
+def verify_proof(secured_document, public_keys, canonical):
+    """(valid, reason) for a document secured by one eddsa-jcs-2022 proof: reason is a key of PROOF_REASONS, 'ok'
+    only if the proof's verificationMethod is the did:key of one of public_keys (32-byte Ed25519 keys), the
+    document's issuer is that did:key, and the signature verifies. Never raises for any JSON value."""
+    proof = secured_document.get("proof") if isinstance(secured_document, dict) else None
+    if not isinstance(proof, dict):
+        return (False, "malformed")
+    if proof.get("type") != PROOF_TYPE or proof.get("cryptosuite") != CRYPTOSUITE:
+        return (False, "unsupported_cryptosuite")
+    signature = proof_signature(proof) if proof_shape_ok(secured_document, proof) else None
+    if signature is None:
+        return (False, "malformed")
+    keys = {verification_method(public): public for public in public_keys}
+    method = proof["verificationMethod"]
+    if method not in keys:
+        return (False, "unknown_key")
+    if secured_document.get("issuer") != did_key(keys[method]):
+        return (False, "issuer_mismatch")
+    try:
+        hash_data = proof_hash_data(without(secured_document, "proof"), without(proof, "proofValue"), canonical)
+    except (TypeError, ValueError):                      # a value JSON cannot hold (NaN, a set...)
+        return (False, "malformed")
+    if not verify(keys[method], hash_data, signature):
+        return (False, "bad_signature")
+    return (True, "ok")
+
+
+def credential_for(receipt_fields, did, created):
+    """The unsigned Verifiable Credential 2.0 of a receipt, issued by did at created (the receipt's issued_at):
+    its credentialSubject is the receipt's fields without signature and kid."""
+    subject = without(receipt_fields, "signature", "kid")
+    credential = {
+        "@context": [CREDENTIALS_V2_CONTEXT],
+        "type": [CREDENTIAL_TYPE, RECEIPT_TYPE],
+        "issuer": did,
+        "validFrom": created,
+        "credentialSubject": subject,
+    }
+    return credential
+
+
+CREDENTIAL_REASONS = dict(PROOF_REASONS)  # verify_credential's reasons: verify_proof's, then one of its own
+CREDENTIAL_REASONS["unsupported_schema"] = "the proof verifies, but the credential is not a receipt of this schema"
+
+
+def _is_receipt_credential(credential):
+    """Whether a credential whose proof verified is a receipt's: its types, and a subject of this schema."""
+    subject = credential.get("credentialSubject")
+    if credential.get("type") != [CREDENTIAL_TYPE, RECEIPT_TYPE] or not isinstance(subject, dict):
+        return False
+    return subject.get("schema") == SCHEMA
+
+
+def verify_credential(credential, public_keys):
+    """(valid, reason, kid) of a receipt's credential: reason is a key of CREDENTIAL_REASONS; public_keys maps a
+    kid to a 32-byte Ed25519 public key, and kid is the one whose key made the proof, or None."""
+    valid, reason = verify_proof(credential, list(public_keys.values()), _jcs)
+    if not valid:
+        return False, reason, None
+    method = credential["proof"]["verificationMethod"]
+    kids = [kid for kid, public in public_keys.items() if verification_method(public) == method]
+    if not _is_receipt_credential(credential):
+        return False, "unsupported_schema", kids[0]
+    return True, "ok", kids[0]
+
+
+def parse_public_keys(text):
+    """did:key -> 32-byte public key of a --public-keys file's text: one Ed25519 did:key a line, '#' starts a
+    comment. ValueError naming the first line that is not one, or when there is none."""
+    public_keys = collections.OrderedDict()
+    for number, line in enumerate(text.splitlines(), 1):
+        did = line.split("#", 1)[0].strip()
+        if not did:
+            continue
+        try:
+            public_keys[did] = did_key_public_key(did)
+        except ValueError as e:
+            raise ValueError("line %d: %s" % (number, e))
+    if not public_keys:
+        raise ValueError("no did:key in the public keys file")
+    return public_keys
+
+
 # ============================================================================================================
 # §5 Key-ring and token files (I/O)
 # ============================================================================================================
@@ -3917,7 +4484,11 @@ _CREATE_FLAGS = _OPEN_FLAGS | os.O_WRONLY | os.O_CREAT | os.O_EXCL
 _APPEND_FLAGS = _OPEN_FLAGS | os.O_RDWR | os.O_APPEND
 # Windows keeps no POSIX modes (os.stat shows 0o666, or 0o444 read-only, whatever its ACLs say): no refusal by mode
 POSIX_MODES = os.name == "posix"
-_KEY_RING_HEADER = "# verify_action.py key ring: 'kid key' per line; the last key signs, every key verifies.\n"
+_KEY_RING_HEADER = (
+    "# verify_action.py key ring: 'kid key' (HMAC) or 'kid ed25519 seed' per line; the last key of each kind signs,\n"
+    "# every key verifies. Private: never share this file; share the did:keys of GET /keys.\n"
+)
+KEY_ALGS = ("hmac", ED25519_ALG)  # keygen --alg
 
 
 def read_private_file(path, limit=65536, fd=None):
@@ -3948,21 +4519,47 @@ def load_keyring(path):
     return KeyRing.parse(read_private_file(path))
 
 
-def keygen(path):
-    """Create the key ring (O_CREAT|O_EXCL, 0600) or append through one checked O_NOFOLLOW descriptor; the kid."""
+def load_public_keys(path, limit=65536):
+    """did:key -> public key of a --public-keys file of at most limit bytes (else ValueError); see
+    parse_public_keys. Public keys are not secret: any file mode will do."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError("%s: more than %d bytes" % (path, limit))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("%s: not UTF-8 text" % path)
+    return parse_public_keys(text)
+
+
+def _new_key_line(alg):
+    """(kid, key-ring line) of a new key of kind alg (KEY_ALGS): 32 random bytes, an HMAC key or an Ed25519 seed."""
     day = time.strftime("%Y%m%d", time.gmtime())
     kid = "k%s-%s" % (day, secrets.token_hex(3))
-    key = _b64url(secrets.token_bytes(32))
-    line = "%s %s\n" % (kid, key)
+    secret = _b64url(secrets.token_bytes(32))
+    if alg == ED25519_ALG:
+        return kid, "%s %s %s\n" % (kid, ED25519_ALG, secret)
+    return kid, "%s %s\n" % (kid, secret)
+
+
+def keygen(path, alg="hmac"):
+    """Create the key ring (O_CREAT|O_EXCL, 0600) or append through one checked O_NOFOLLOW descriptor; the new
+    key's kid. A first Ed25519 key comes after a new HMAC key when the ring has none: every receipt needs one."""
+    if alg not in KEY_ALGS:
+        raise ValueError("--alg must be one of: " + ", ".join(KEY_ALGS))
+    kid, line = _new_key_line(alg)
     try:  # a new file never exists with a wider mode
         fd = os.open(path, _CREATE_FLAGS, 0o600)
-        prefix = _KEY_RING_HEADER
+        prefix, ring = _KEY_RING_HEADER, None
     except FileExistsError:
         fd = os.open(path, _APPEND_FLAGS)
         prefix = None
     try:
         if prefix is None:
-            prefix = _before_new_key(path, fd)
+            prefix, ring = _before_new_key(path, fd)
+        if ring is None and alg == ED25519_ALG:
+            prefix += _new_key_line("hmac")[1]
         written = prefix + line
         os.write(fd, written.encode("ascii"))
     finally:
@@ -3971,13 +4568,14 @@ def keygen(path):
 
 
 def _before_new_key(path, fd):
-    """What goes before a new key line in the key ring open at fd: a line break if its last line lacks one.
-    ValueError if the ring does not load: a key is never appended to a file that does not load."""
+    """(what goes before a new key line in the key ring open at fd: a line break if its last line lacks one, the
+    ring as it loads, or None when it has no keys). ValueError if the ring does not load: a key is never appended
+    to a file that does not load."""
     old = read_private_file(path, fd=fd)  # the file written is the file checked
-    KeyRing.parse(old, allow_empty=True)
+    ring = KeyRing.parse(old, allow_empty=True)
     if old and not old.endswith("\n"):
-        return "\n"
-    return ""
+        return "\n", ring
+    return "", ring
 
 
 # ============================================================================================================
@@ -4248,7 +4846,34 @@ _RESPONSE_SCHEMA = {  # the /verify response: field -> JSON schema, in the order
     "details": _OBJECT,
     "receipt": _OBJECT,
 }
-_RESPONSE_FIELDS = tuple(_RESPONSE_SCHEMA)
+_RESPONSE_FIELDS = tuple(_RESPONSE_SCHEMA)  # every response has these; credential only with an Ed25519 key
+_PROOF_SCHEMA = {
+    "type": "object",
+    "required": ["type", "cryptosuite", "created", "verificationMethod", "proofPurpose", "@context", "proofValue"],
+    "properties": {
+        "type": {"const": PROOF_TYPE},
+        "cryptosuite": {"const": CRYPTOSUITE},
+        "created": _STRING,
+        "verificationMethod": _STRING,
+        "proofPurpose": {"const": PROOF_PURPOSE},
+        "@context": {"type": "array", "items": _STRING},
+        "proofValue": _STRING,
+    },
+}
+_RESPONSE_SCHEMA["credential"] = {
+    "type": "object",
+    "description": "With an Ed25519 key in the ring: the receipt as a W3C Verifiable Credential 2.0, proof "
+                   "eddsa-jcs-2022 (GET /spec's credential).",
+    "required": ["@context", "type", "issuer", "validFrom", "credentialSubject", "proof"],
+    "properties": {
+        "@context": {"type": "array", "items": _STRING},
+        "type": {"type": "array", "items": _STRING},
+        "issuer": _STRING,
+        "validFrom": _STRING,
+        "credentialSubject": _OBJECT,
+        "proof": _PROOF_SCHEMA,
+    },
+}
 _CALLER_DOC = "At most 8 scalar values; keys and strings <= 64 characters."
 _INPUT_SCHEMA = {
     "type": "object",
@@ -4269,7 +4894,8 @@ TOOL = {
     "description": (
         "Check whether a claim about an action (code change, database operation, file operation, API call, or "
         "anything else) is consistent with the evidence supplied, using deterministic rules; returns a verdict, "
-        "the signals it was decided from, reason codes and a signed receipt. It fetches nothing, so a receipt "
+        "the signals it was decided from, reason codes and a signed receipt (and, when the service has an Ed25519 "
+        "key, the receipt as a credential anyone can check with its public key). It fetches nothing, so a receipt "
         "never proves the claim true."
     ),
     "inputSchema": _INPUT_SCHEMA,
@@ -4322,8 +4948,54 @@ def rules_document():
         "verbs": verbs,
         "checks": checks,
         "reason_codes": codes,
+        "receipt_check_reasons": RECEIPT_CHECK_REASONS,
+        "credential_check_reasons": CREDENTIAL_REASONS,
     }
     return rules
+
+
+def credential_spec():
+    """What GET /spec says of credentials: the format, the key ring's lines, how to check one, and what it proves."""
+    credential = {
+        "when": "On every /verify response and MCP tool result while the key ring holds an Ed25519 key.",
+        "format": {
+            "@context": [CREDENTIALS_V2_CONTEXT],
+            "type": [CREDENTIAL_TYPE, RECEIPT_TYPE],
+            "issuer": "The signing key's did:key (did:key:z6Mk...).",
+            "validFrom": "The receipt's issued_at.",
+            "credentialSubject": "The receipt's fields without signature and kid.",
+            "proof": {
+                "type": PROOF_TYPE,
+                "cryptosuite": CRYPTOSUITE,
+                "created": "The receipt's issued_at.",
+                "verificationMethod": "did:key:z6Mk...#z6Mk...",
+                "proofPurpose": PROOF_PURPOSE,
+                "@context": "The credential's @context.",
+                "proofValue": "'z' + base58btc of the 64-byte Ed25519 signature (RFC 8032).",
+            },
+        },
+        "signed_bytes": (
+            "SHA-256 of the RFC 8785 text of the proof without proofValue, then SHA-256 of the RFC 8785 text of the "
+            "credential without proof (W3C Data Integrity EdDSA Cryptosuites v1.0, eddsa-jcs-2022)."
+        ),
+        "verify": (
+            "POST /receipts/verify {\"credential\": {}}, or verify_action.py verify-receipt FILE --public-keys F "
+            "(did:keys, one a line) or --key-file F; any eddsa-jcs-2022 verifier works too. The proof's "
+            "verificationMethod must be a key of GET /keys (or of the list given) and the issuer that key."
+        ),
+        "reasons": CREDENTIAL_REASONS,
+        "keys": "GET /keys: every Ed25519 verification method of the ring, retired ones included.",
+        "key_ring_lines": KEY_LINES,
+        "proves": (
+            "The holder of that Ed25519 key issued this receipt as it reads: that service judged a request with "
+            "these hashes, then, with this verdict. Checking needs only the public key, which cannot make one."
+        ),
+        "does_not_prove": (
+            "That the claim is true, that the evidence is real, or who sent the request; nor, by itself, that the key "
+            "is the service's: take the did:key from the operator (GET /keys over a channel you trust)."
+        ),
+    }
+    return credential
 
 
 def spec_document(sandbox):
@@ -4386,7 +5058,14 @@ def _tool_error(error):
 
 _MCP_ALONG = ("params", "arguments", "evidence")  # where a tools/call's evidence is (see canonical_members)
 _USE_VERSIONS = "use " + ", ".join(PROTOCOL_VERSIONS)
-_RECEIPT_BODY = frozenset(["receipt"])  # the only member of a POST /receipts/verify body
+_CHECK_BODIES = {"receipt": frozenset(["receipt"]), "credential": frozenset(["credential"])}  # a body's one member
+RECEIPT_CHECK_REASONS = {  # verify_receipt's reasons
+    "malformed": "not a receipt: its fields, or a kid and an hmac-sha256 signature that are strings",
+    "unsupported_schema": "a receipt of another schema",
+    "unknown_kid": "the kid is not a key of the ring",
+    "bad_signature": "the signature does not verify: the receipt was altered",
+    "ok": "the signature verifies under the kid's key",
+}
 _SERVER_INFO = {"name": "verify_action", "title": "verify_action.py", "version": VERSION}
 _INSTRUCTIONS = (
     "Call verify_action with a claim and its evidence before acting on the claim. A receipt proves what was "
@@ -4394,12 +5073,15 @@ _INSTRUCTIONS = (
 )
 
 
-def _receipt_of(body):
-    """The receipt of a POST /receipts/verify body, which must be {"receipt": {...}}; RequestError otherwise."""
-    shaped = isinstance(body, dict) and set(body) == _RECEIPT_BODY
-    receipt = body["receipt"] if shaped else None
-    need(isinstance(receipt, dict), "invalid_request", "the body must be {\"receipt\": {...}}")
-    return receipt
+def _checked_document(body):
+    """(member, document) of a POST /receipts/verify body, which must be {"receipt": {...}} or {"credential": {...}};
+    RequestError otherwise."""
+    members = set(body) if isinstance(body, dict) else set()
+    names = [name for name, shape in _CHECK_BODIES.items() if members == shape]
+    document = body[names[0]] if names else None
+    shape = "the body must be {\"receipt\": {...}} or {\"credential\": {...}}"
+    need(isinstance(document, dict), "invalid_request", shape)
+    return names[0], document
 
 
 def _valid_id(msg):
@@ -4456,6 +5138,7 @@ class Service(object):
         judgement = judge(kind, request["claim"], evidence, members["evidence"])
         verdict = judgement.verdict
         receipt = issue_receipt(request, judgement, self.keyring, self.issuer, self.clock(), members)
+        credential = self.keyring.credential(receipt)
         self.count("verifications")
         self.count("by_kind", kind)
         self.count("by_verdict", verdict)
@@ -4476,7 +5159,23 @@ class Service(object):
             "details": judgement.details,
             "receipt": receipt,
         }
+        if credential is not None:
+            response["credential"] = credential
         return response
+
+    def check(self, member, document):
+        """POST /receipts/verify: {valid, reason, kid} of a receipt (member "receipt") under the ring's HMAC keys, or
+        of a credential (member "credential") under its Ed25519 public keys."""
+        self.count("receipt_checks")
+        if member == "credential":
+            valid, reason, kid = verify_credential(document, self.keyring.public_keys)
+        else:
+            valid, reason, kid = verify_receipt(document, self.keyring)
+        return {"valid": valid, "reason": reason, "kid": kid}
+
+    def keys_document(self):
+        """GET /keys: the ring's Ed25519 verification methods (never a seed or an HMAC key)."""
+        return {"keys": self.keyring.methods()}
 
     def post(self, path, raw, headers):
         """(status, JSON object, or None for an empty 202) for a POST body to path."""
@@ -4495,14 +5194,12 @@ class Service(object):
                 return self._mcp_reply(obj, members)
             if path == "/verify":
                 return 200, self.verify(validate_request(obj), members)
-            receipt = _receipt_of(obj)
+            member, document = _checked_document(obj)
         except RequestError as e:
             if path == "/mcp":  # over MCP a parse error is a JSON-RPC error, not an HTTP 400
                 return 200, _rpc_error(None, -32700, "Parse error: " + e.message)
             return 400, {"error": e.code, "message": e.message}
-        self.count("receipt_checks")
-        valid, reason, kid = verify_receipt(receipt, self.keyring)
-        return 200, {"valid": valid, "reason": reason, "kid": kid}
+        return 200, self.check(member, document)
 
     def _mcp_reply(self, obj, members):
         """(status, reply) of one POST /mcp message: 202 and no body when it needs no reply."""
@@ -4641,6 +5338,7 @@ ROUTES = {
     "/stats": "GET",
     "/verify": "POST",
     "/receipts/verify": "POST",
+    "/keys": "GET",
     "/mcp": "POST",
 }
 _ALLOW = {"GET": "GET, HEAD, OPTIONS", "POST": "POST, OPTIONS", "*": "GET, HEAD, POST, OPTIONS"}  # by route kind
@@ -5273,6 +5971,8 @@ class Server(object):
             return self._docs[path]
         if path == "/healthcheck":
             doc = {"status": "ok", "version": VERSION, "sandbox": self.service.sandbox}
+        elif path == "/keys":
+            doc = self.service.keys_document()
         else:
             doc = self.service.stats()
         return _json_text(doc).encode("utf-8")
@@ -5563,33 +6263,71 @@ def _fail(message):
     return 2
 
 
-def _read_receipt(path):
-    """The receipt in a file, which holds a bare receipt or a whole /verify response (strict JSON)."""
+def _read_receipt(path, member="receipt"):
+    """(member, document) of a file, which holds a bare receipt, a credential (an object with a proof) or a whole
+    /verify response (strict JSON); of a response, its member ("receipt" or "credential")."""
     with open(path, "rb") as f:
         doc = strict_loads(f.read(MAX_BODY + 1))
-    if isinstance(doc, dict) and "aar_verdict" in doc:
-        doc = doc.get("receipt")
-    return doc
+    if not isinstance(doc, dict):
+        return "receipt", doc
+    if "aar_verdict" in doc:
+        return member, doc.get(member)
+    if "proof" in doc:
+        return "credential", doc
+    return "receipt", doc
+
+
+def _keygen_command(args):
+    """keygen: print the new key's kid, and for an Ed25519 key its did:key on a second line."""
+    kid = keygen(args.key_file, args.alg)
+    print(kid)
+    if args.alg == ED25519_ALG:
+        public = load_keyring(args.key_file).public_keys[kid]
+        print(did_key(public))
+    return 0
+
+
+def _check_command(args):
+    """verify-receipt: check the file's receipt or credential; print {valid, reason, kid}; exit 0 when valid."""
+    if args.key_file:
+        service = Service(load_keyring(args.key_file))
+        member, doc = _read_receipt(args.file)
+        result = service.check(member, doc)
+    else:
+        public_keys = load_public_keys(args.public_keys)
+        member, doc = _read_receipt(args.file, "credential")
+        result = _public_key_check(member, doc, public_keys)
+    print(json.dumps(result))
+    return 0 if result["valid"] else 1
+
+
+def _public_key_check(member, doc, public_keys):
+    """{valid, reason, kid} of a credential under public keys alone (kid: its did:key); a receipt cannot be."""
+    if member != "credential":
+        raise ValueError("--public-keys checks credentials; an HMAC receipt needs --key-file")
+    valid, reason, kid = verify_credential(doc, public_keys)
+    return {"valid": valid, "reason": reason, "kid": kid}
 
 
 def _receipt_command(argv):
-    """keygen --key-file F (prints the new kid) | verify-receipt FILE --key-file F (exit 0 when valid, else 1)."""
+    """keygen --key-file F [--alg hmac|ed25519] (prints the new kid) | verify-receipt FILE (--key-file F |
+    --public-keys F) (exit 0 when valid, 1 when not, 2 for an error)."""
     parser = argparse.ArgumentParser(prog="verify_action.py " + argv[0])
+    keys = parser
     if argv[0] == "verify-receipt":
         parser.add_argument("file")
-    parser.add_argument("--key-file", required=True)
+        keys = parser.add_mutually_exclusive_group(required=True)
+        keys.add_argument("--public-keys", metavar="FILE", help="did:keys, one a line: check a credential with them")
+    else:
+        parser.add_argument("--alg", choices=KEY_ALGS, default="hmac", help="the new key's kind (default hmac)")
+    keys.add_argument("--key-file", required=argv[0] == "keygen")
     args = parser.parse_args(argv[1:])
     try:
         if argv[0] == "keygen":
-            print(keygen(args.key_file))
-            return 0
-        ring = load_keyring(args.key_file)
-        doc = _read_receipt(args.file)
+            return _keygen_command(args)
+        return _check_command(args)
     except (OSError, ValueError) as e:
         return _fail(getattr(e, "message", None) or e)
-    valid, reason, kid = verify_receipt(doc, ring)
-    print(json.dumps({"valid": valid, "reason": reason, "kid": kid}))
-    return 0 if valid else 1
 
 
 FLAGS = (  # the service's command-line flags: (flag, argparse keywords)
