@@ -3611,6 +3611,12 @@ class CredentialService(unittest.TestCase):
         credential["proof"] = va.create_proof(credential, seed, fields["issued_at"], va._jcs)
         self.assertEqual(self.check(credential), (True, "ok", self.kid))
 
+    def test_spec_documents_the_credential(self):
+        spec = va.spec_document("off")
+        self.assertEqual(spec["credential"], va.credential_spec())
+        self.assertEqual(spec["credential"]["format"]["proof"]["cryptosuite"], "eddsa-jcs-2022")
+        self.assertIn("--public-keys F (a credential)", spec["receipt"]["verify"])
+
     def test_keys_document_lists_every_ed25519_key_and_no_secret(self):
         methods = self.service.keys_document()["keys"]
         self.assertEqual([(m["kid"], m["signs"]) for m in methods], [(self.retired, False), (self.kid, True)])

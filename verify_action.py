@@ -5004,7 +5004,8 @@ def spec_document(sandbox):
     receipt = {
         "schema": SCHEMA,
         "fields": RECEIPT_FIELDS,
-        "verify": "POST /receipts/verify {\"receipt\": {}} or verify_action.py verify-receipt FILE --key-file F",
+        "verify": ("POST /receipts/verify {\"receipt\": {}} or {\"credential\": {}}, or verify_action.py "
+                   "verify-receipt FILE --key-file F (a receipt) or --public-keys F (a credential)"),
         "recompute": "GET /rules' decision and confidence over a receipt's signals give its verdict and confidence.",
         "canonicalization": (
             "RFC 8785 (JCS): keys sorted by UTF-16 code units, no whitespace, ECMAScript numbers, minimal "
@@ -5027,6 +5028,7 @@ def spec_document(sandbox):
         "evidence": _EVIDENCE_DOC,
         "verdicts": verdicts,
         "receipt": receipt,
+        "credential": credential_spec(),
         "limits": limits,
         "endpoints": endpoints,
         "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]},
