@@ -14,6 +14,8 @@ snapshot: verified_memory_search, verified_memory_get and verified_memory_check_
   verified_memory.py check-payee --pack /abs/pack [trust flags] --payee NAME --account ACCOUNT  (exit 0: match)
   verified_memory.py build  --messages M.jsonl --records R.jsonl --out DIR --title T [--description D]
   verified_memory.py sign   --pack DIR --key KEY --expires 90d|TIME [--sequence N] --out DIR
+                            [--previous LAST_PACK [--accept-payee-changes N]]
+  verified_memory.py diff   --old PACK --new PACK [trust flags] [--json]   (exit 0: the same records, 1: they differ)
   verified_memory.py dist   --out DIR [--registry-name io.github.OWNER/NAME --release-url URL] [--pypi-name N]
   verified_memory.py import --export EXPORT.zip --out messages.jsonl     a ChatGPT or Claude export -> messages
   verified_memory.py export-shape EXPORT.zip                        its structure, never its text
@@ -2929,17 +2931,91 @@ def _signing_key(key):
     return blob, words[1]
 
 
-def _pack_dates(options, now):
-    """PACK.json's fields for a pack signed at `now` (seconds): format, dates and the optional --sequence."""
-    sequence = options.get("--sequence")
-    if sequence is not None and not re.fullmatch(r"[0-9]{1,18}", sequence):
+def _previous_sequence(previous):
+    """The sequence of the --previous pack's PACK.json, or None (no previous pack, no PACK.json or no sequence)."""
+    if previous is None or previous.pack_dates is None:
+        return None
+    return previous.pack_dates.sequence
+
+
+def _sequence(options, previous):
+    """--sequence, or after a --previous pack its sequence + 1 (1 when it has none) -> the sequence to write, or
+    None; PackError for one that is not above the previous pack's, which hosts would refuse as a rollback."""
+    given = options.get("--sequence")
+    last = _previous_sequence(previous)
+    if given is None:
+        if previous is None:
+            return None
+        return 1 if last is None else last + 1
+    if not re.fullmatch(r"[0-9]{1,18}", given):
         raise UsageError("--sequence must be a whole number, 0 or more")
+    sequence = int(given)
+    if last is not None and sequence <= last:
+        raise PackError("--sequence %d is not above the previous pack's sequence %d: hosts that raised "
+                        "--min-sequence to it would refuse the new pack as a rollback; nothing was written"
+                        % (sequence, last))
+    return sequence
+
+
+def _pack_dates(options, now, previous=None):
+    """PACK.json's fields for a pack signed at `now` (seconds): format, dates and the sequence (_sequence)."""
+    sequence = _sequence(options, previous)
     created = _utc_text(now)
     expires = parse_expires(options["--expires"], now)
     dates = {"format": PACK_FORMAT, "version": PACK_FORMAT_VERSION, "created_utc": created, "expires_utc": expires}
     if sequence is not None:
-        dates["sequence"] = int(sequence)
+        dates["sequence"] = sequence
     return dates
+
+
+def _accepted_payee_changes(options):
+    """--accept-payee-changes N -> N, or None when it is not given; UsageError for anything but a whole number or
+    without --previous, the pack the changes are counted against."""
+    accepted = options.get("--accept-payee-changes")
+    if accepted is None:
+        return None
+    if options.get("--previous") is None:
+        raise UsageError("--accept-payee-changes counts the payee changes since a --previous pack; give --previous")
+    if not re.fullmatch(r"[0-9]{1,9}", accepted):
+        raise UsageError("--accept-payee-changes must be a whole number, 0 or more, got %r" % accepted)
+    return int(accepted)
+
+
+def _previous_pack(options, signer):
+    """The --previous pack, verified (a signature by the signing key counts as "this key") -> its snapshot, or
+    None without --previous; PackError naming the flag."""
+    root = options.get("--previous")
+    if root is None:
+        return None
+    policy = TrustPolicy(trusted={signer: "this key"})
+    try:
+        return load_pack(root, policy, time.time_ns())
+    except PackError as e:
+        raise PackError("--previous %s: %s" % (root, e)) from None
+
+
+def _signing_head(dates, signer):
+    """PACK.json's dates about to be written and the signing key's fingerprint -> the new side's PackHead."""
+    pack_json = {"sequence": dates.get("sequence"), "created_utc": dates["created_utc"],
+                 "expires_utc": dates["expires_utc"]}
+    signature = signature_report("signing", signer, signer="this key")
+    return PackHead(pack_json, signature)
+
+
+def review_changes(previous, current, head, accepted):
+    """sign --previous: print what the pack about to be signed changes (as `diff` does), then refuse (PackError)
+    payee changes unless `accepted` is their number, so that a person has counted them."""
+    diff = compare_packs(previous, current, pack_head(previous), head)
+    write_out(diff_text(diff))
+    count = len(diff["payee_changes"])
+    if accepted == count or (accepted is None and count == 0):
+        return
+    if accepted is None:
+        raise PackError("the new pack makes %d payee change(s), listed above. Confirm each with the payee "
+                        "through a contact you already had (never one from the new records), then sign again "
+                        "with --accept-payee-changes %d; nothing was written" % (count, count))
+    raise PackError("--accept-payee-changes %d does not match the %d payee change(s) listed above; nothing was "
+                    "written" % (accepted, count))
 
 
 def _ssh_keygen_sign(key, manifest):
@@ -2962,18 +3038,27 @@ def _ssh_keygen_sign(key, manifest):
 
 def sign_command(options):
     """`sign`: copy a verified pack, date it, reseal SHA256SUMS, sign with ssh-keygen, verify strictly, publish."""
+    accepted = _accepted_payee_changes(options)
     key = os.path.abspath(options["--key"])
     key_blob, key_text = _signing_key(key)
+    signer = fingerprint(key_blob)
     now = int(time.time())
-    dates = _pack_dates(options, now)
+    previous = _previous_pack(options, signer)
+    dates = _pack_dates(options, now, previous)
     root = os.path.abspath(options["--pack"])
-    files, _ = read_pack(root)
-    verify_pack_files(files)                              # the input must verify before it is copied
+    files, state = read_pack(root)
+    pack = verify_pack_files(files)                       # the input must verify before it is copied
+    if previous is None:
+        print("verified-memory: note: sign --previous LAST_PACK would show what this pack changes since your last "
+              "one, payee accounts first, and default --sequence to the next number", file=sys.stderr)
+    else:
+        signature, _ = decide(pack, TrustPolicy(), now * 10**9)
+        current = PackSnapshot(root, state, pack, TrustPolicy(), signature)
+        review_changes(previous, current, _signing_head(dates, signer), accepted)
     signed = {name: files[name] for name in (RECORDS, MEMORY, README)}
     pack_json = json.dumps(dates, indent=2) + "\n"
     signed[PACK_JSON] = pack_json.encode()
     signed[MANIFEST] = render_manifest(signed)
-    signer = fingerprint(key_blob)
     policy = TrustPolicy(trusted={signer: "signer"}, strict=True)
 
     def finish(staging):
@@ -2990,6 +3075,377 @@ def sign_command(options):
     write_out("key fingerprint: %s\npin it on hosts: --trusted-fingerprint %s\n" % (signer, signer))
     write_out("trusted-keys line: %s ssh-ed25519 %s\n" % (name, key_text))
     return 0
+
+
+# ============================================================================
+# §9b Comparing two packs (pure): what a new pack changes, payee facts first
+# ============================================================================
+# `diff` and `sign --previous` show a person what a new pack changes before any host trusts it. One message
+# saying "our bank details have changed" is how invoice fraud starts, so a payee's accounts come first, and
+# `sign` seals a change of them only when the signer has counted it (--accept-payee-changes N).
+
+PackHead = namedtuple("PackHead", "pack_json signature")   # PACK.json's dates (a dict or None), the signature
+PAYEE_MARKS = {"added": "+", "removed": "-", "kept": "="}    # an account's mark in a payee change
+_ONE_LINE = json.JSONEncoder(ensure_ascii=False)               # a value in diff text: JSON on one line
+
+
+class _Absent:
+    """The value of a field on the side of a change that lacks it."""
+
+    def __repr__(self):
+        return "(absent)"
+
+
+ABSENT = _Absent()
+
+
+def pack_head(snapshot):
+    """A snapshot -> its PackHead: PACK.json's sequence and dates (None without PACK.json) and its signature."""
+    dates = snapshot.pack_dates
+    pack_json = None
+    if dates is not None:
+        pack_json = {"sequence": dates.sequence, "created_utc": dates.created_utc, "expires_utc": dates.expires_utc}
+    return PackHead(pack_json, dict(snapshot.signature))
+
+
+def record_lines(snapshot):
+    """A snapshot -> {record_id: its line of records.jsonl, as bytes without the LF}, in file order."""
+    records = snapshot.records
+    starts = snapshot.offsets
+    lines = {}
+    for record_id, i in snapshot.ids.items():
+        end = starts[i + 1] - 1               # before the LF
+        lines[record_id] = records[starts[i]:end]
+    return lines
+
+
+def _in_both(first, second):
+    """Keys or items -> those of `first`, then those only in `second`, in order."""
+    extra = [key for key in second if key not in first]
+    return list(first) + extra
+
+
+def _same_value(old, new):
+    """Whether two JSON scalars are one value: the same type and equal, so 1, 1.0 and true differ, and floats
+    by their shortest text, so -0.0 is not 0.0. Objects and lists are never the same here: field_changes looks
+    inside them."""
+    kind = type(old)
+    if kind is not type(new) or kind in (dict, list):
+        return False
+    if kind is float:
+        return repr(old) == repr(new)
+    return old == new
+
+
+def _parts(old, new):
+    """Two objects, or two lists of one length -> [(key or index, old part, new part)], ABSENT for a key that one
+    side lacks; None for any other pair of values."""
+    if type(old) is dict and type(new) is dict:
+        keys = _in_both(old, new)
+        return [(key, old.get(key, ABSENT), new.get(key, ABSENT)) for key in keys]
+    lists = type(old) is list and type(new) is list
+    if not lists or len(old) != len(new):
+        return None
+    return list(zip(range(len(old)), old, new))
+
+
+def _place(path, key):
+    """Where a part lies: payee.account, evidence[0].quote..."""
+    if type(key) is int:
+        return "%s[%d]" % (path, key)
+    if path:
+        return path + "." + key
+    return key
+
+
+def field_changes(old, new, path=""):
+    """Two JSON values -> [{"field", "old", "new"}] where they differ: objects key by key and lists of the same
+    length item by item (`path` names the place, as payee.account or evidence[0].quote); ABSENT on the side
+    that lacks a key."""
+    parts = _parts(old, new)
+    if parts is None:
+        if _same_value(old, new):
+            return []
+        return [{"field": path, "old": old, "new": new}]
+    changes = []
+    for key, old_part, new_part in parts:
+        if not _same_value(old_part, new_part):
+            changes += field_changes(old_part, new_part, _place(path, key))
+    return changes
+
+
+def _record(snapshot, record_id):
+    """The record of a snapshot with this ID, parsed afresh."""
+    i = snapshot.ids[record_id]
+    return snapshot.record(i)
+
+
+def record_changes(old, new):
+    """Two snapshots -> {"added": [record], "removed": [record], "changed": [{"record_id", "fields"}]}, each in
+    its pack's file order. A record is changed when its value differs (field_changes), not merely its bytes."""
+    old_lines = record_lines(old)
+    new_lines = record_lines(new)
+    added = [_record(new, record_id) for record_id in new_lines if record_id not in old_lines]
+    removed = [_record(old, record_id) for record_id in old_lines if record_id not in new_lines]
+    changed = []
+    for record_id, line in new_lines.items():
+        before = old_lines.get(record_id)
+        if before is None or before == line:          # the same bytes are the same record
+            continue
+        fields = field_changes(_record(old, record_id), _record(new, record_id))
+        if fields:
+            changed.append({"record_id": record_id, "fields": fields})
+    return {"added": added, "removed": removed, "changed": changed}
+
+
+def payee_key(name):
+    """A payee name -> what groups its facts in a diff: its name_words in sorted order (so case, accents, word
+    order, titles and legal forms do not split a payee), or the name itself when it has no such words."""
+    words = tuple(sorted(name_words(name)))
+    if words:
+        return words, ""
+    return (), " ".join(unicodedata.normalize("NFC", name).split())
+
+
+def snapshot_payees(snapshot):
+    """A snapshot -> [(record index, [(name, normalised account)])] of its records with payee facts, in file
+    order. Only lines that mention "payee" are parsed."""
+    found = []
+    for record_id, line in record_lines(snapshot).items():
+        if b'"payee"' not in line:
+            continue
+        i = snapshot.ids[record_id]
+        record = snapshot.record(i)
+        if "payee" in record:
+            quotes = [citation["quote"] for citation in record["evidence"]]
+            found.append((i, payee_facts(record["payee"], quotes, i + 1)))
+    return found
+
+
+def payee_accounts(snapshot):
+    """A snapshot -> {payee_key: {account: [(record index, name)]}}: who is recorded with which account, and
+    where."""
+    accounts = defaultdict(functools.partial(defaultdict, list))
+    for i, facts in snapshot_payees(snapshot):
+        for name, account in facts:
+            accounts[payee_key(name)][account].append((i, name))
+    return accounts
+
+
+def _account_records(snapshot, account, places):
+    """An account and the (record index, name) pairs that record it -> what a person checks of each: the
+    record's ID, date and name, and the quotes that carry the account."""
+    shown = []
+    for i, name in places:
+        record = snapshot.record(i)
+        quotes = [citation["quote"] for citation in record["evidence"]]
+        carrying = [quote for quote in quotes if mentions_account(account, quote)]
+        entry = {"record_id": record["record_id"], "date_last_utc": record["date_last_utc"]}
+        shown.append(dict(entry, name=name, quotes=carrying))
+    return shown
+
+
+def _account_entries(old, new, before, after):
+    """One payee's {account: places} in the old and the new pack -> its accounts, each with its status
+    (added, removed or kept) and its records: the new pack's, or the old one's for a removed account."""
+    entries = []
+    for account in _in_both(before, after):
+        status = "kept"
+        records = None
+        if account not in after:
+            status = "removed"
+            records = _account_records(old, account, before[account])
+        elif account not in before:
+            status = "added"
+        if records is None:
+            records = _account_records(new, account, after[account])
+        entries.append({"account": account, "status": status, "records": records})
+    return entries
+
+
+def _change_kind(before, after):
+    """A payee's accounts in the old and the new pack -> added, removed, changed, or None (no change)."""
+    if not before:
+        return "added"
+    if not after:
+        return "removed"
+    if set(before) != set(after):
+        return "changed"
+    return None
+
+
+def _payee_name(accounts):
+    """A payee's account entries -> the name its first record in the new pack gives it (in the old pack, for a
+    payee the new pack no longer names)."""
+    for entry in accounts:
+        if entry["status"] != "removed":
+            return entry["records"][0]["name"]
+    return accounts[0]["records"][0]["name"]
+
+
+def payee_changes(old, new):
+    """Two snapshots -> one entry per payee whose accounts differ: {"payee", "change", "accounts"}, in the order
+    the payees first appear in the new pack, then the old one."""
+    old_accounts = payee_accounts(old)
+    new_accounts = payee_accounts(new)
+    changes = []
+    for key in _in_both(new_accounts, old_accounts):
+        before = old_accounts.get(key, {})
+        after = new_accounts.get(key, {})
+        kind = _change_kind(before, after)
+        if kind is None:
+            continue
+        accounts = _account_entries(old, new, before, after)
+        name = _payee_name(accounts)
+        changes.append({"payee": name, "change": kind, "accounts": accounts})
+    return changes
+
+
+def compare_packs(old, new, old_head, new_head):
+    """Two verified snapshots and their PackHeads -> the diff: payee_changes, records (record_changes),
+    pack_json and signer (old and new), and same_records. Payee facts can only differ when records do."""
+    records = {"added": [], "removed": [], "changed": []}
+    same = old.records == new.records
+    if not same:
+        records = record_changes(old, new)
+        same = not any(records.values())
+    payees = [] if same else payee_changes(old, new)
+    pack_json = {"old": old_head.pack_json, "new": new_head.pack_json}
+    signer = {"old": old_head.signature, "new": new_head.signature}
+    return {"old_pack": old.root, "new_pack": new.root, "same_records": same, "payee_changes": payees,
+            "records": records, "pack_json": pack_json, "signer": signer}
+
+
+def payee_table(snapshot):
+    """A snapshot -> its payee facts as a person checks them: [{"account", "name", "record_id", "date_last_utc"}],
+    a payee's facts together (payee_key, in file order), newest first, then by record ID."""
+    by_payee = defaultdict(list)
+    for i, facts in snapshot_payees(snapshot):
+        record = snapshot.record(i)
+        for name, account in facts:
+            row = {"account": account, "name": name, "record_id": record["record_id"]}
+            row["date_last_utc"] = record["date_last_utc"]
+            by_payee[payee_key(name)].append(row)
+    rows = []
+    for payee_rows in by_payee.values():
+        payee_rows.sort(key=itemgetter("record_id"))
+        payee_rows.sort(key=itemgetter("date_last_utc"), reverse=True)     # stable: ties keep record ID order
+        rows += payee_rows
+    return rows
+
+
+def _quoted_json(value):
+    """A value as a person reads it in a diff: JSON, on one line."""
+    return _ONE_LINE.encode(value)
+
+
+def _quoted_fields(record, *keys):
+    """{key: the record's value as one-line JSON} for `keys`."""
+    return {key: _quoted_json(record[key]) for key in keys}
+
+
+def _payee_lines(change):
+    """One payee change -> its lines of diff text: the payee, then each account (+ added, - removed, = kept)
+    with the records and quotes that carry it."""
+    lines = ["  %s: account %s" % (_quoted_json(change["payee"]), change["change"])]
+    for entry in change["accounts"]:
+        mark = PAYEE_MARKS[entry["status"]]
+        lines.append("    %s %s (%s)" % (mark, entry["account"], entry["status"]))
+        for record in entry["records"]:
+            name = _quoted_json(record["name"])
+            lines.append("        %(record_id)s, %(date_last_utc)s" % record + ", as " + name)
+            lines += ["          quote: " + _quoted_json(quote) for quote in record["quotes"]]
+    return lines
+
+
+def _record_text(record, mark):
+    """An added (+) or removed (-) record -> its lines of diff text: ID, date, speaker, topic, statement, quotes."""
+    quoted = _quoted_fields(record, "speaker", "topic", "statement")
+    head = "  %s %s  %s" % (mark, record["record_id"], record["date_last_utc"])
+    lines = [head + ", %(speaker)s, topic %(topic)s" % quoted, "      statement: %(statement)s" % quoted]
+    for citation in record["evidence"]:
+        quote = _quoted_json(citation["quote"])
+        lines.append("      quote (message %d): %s" % (citation["message_id"], quote))
+    return lines
+
+
+def _field_text(value):
+    """A field's value on one side of a change, for a person."""
+    if value is ABSENT:
+        return repr(ABSENT)
+    return _quoted_json(value)
+
+
+def _change_text(change):
+    """A changed record -> its lines of diff text: its ID, then each field that changed, old -> new."""
+    lines = ["  ~ " + change["record_id"]]
+    for field in change["fields"]:
+        old_value = _field_text(field["old"])
+        new_value = _field_text(field["new"])
+        lines.append("      %s: %s -> %s" % (field["field"], old_value, new_value))
+    return lines
+
+
+def _head_text(head):
+    """PACK.json's part of a PackHead -> one line of text."""
+    if head is None:
+        return "no PACK.json"
+    shown = dict(head)
+    if shown["sequence"] is None:
+        shown["sequence"] = "none"
+    return "sequence %(sequence)s, created %(created_utc)s, expires %(expires_utc)s" % shown
+
+
+def _signer_text(signature):
+    """A signature report -> one line of text: its status, fingerprint and the host's name for the key."""
+    parts = [signature["status"]]
+    if signature.get("fingerprint"):
+        parts.append(signature["fingerprint"])
+    if signature.get("signer"):
+        parts.append("as " + _quoted_json(signature["signer"]))
+    return " ".join(parts)
+
+
+def _sides_text(label, sides, describe):
+    """A line "label: old -> new" of the diff, each side described by `describe`."""
+    old = describe(sides["old"])
+    new = describe(sides["new"])
+    return "%s: %s -> %s" % (label, old, new)
+
+
+def diff_text(diff):
+    """compare_packs' result -> the text a person reads: counts, payee changes, records, PACK.json, signer."""
+    records = diff["records"]
+    payees = diff["payee_changes"]
+    lines = ["old pack: %(old_pack)s" % diff, "new pack: %(new_pack)s" % diff, "payee changes: %d" % len(payees)]
+    for change in payees:
+        lines += _payee_lines(change)
+    counts = {kind: len(found) for kind, found in records.items()}
+    lines.append("records: %(added)d added, %(removed)d removed, %(changed)d changed" % counts)
+    for record in records["added"]:
+        lines += _record_text(record, "+")
+    for record in records["removed"]:
+        lines += _record_text(record, "-")
+    for change in records["changed"]:
+        lines += _change_text(change)
+    lines.append(_sides_text("PACK.json", diff["pack_json"], _head_text))
+    lines.append(_sides_text("signer", diff["signer"], _signer_text))
+    return "\n".join(lines) + "\n"
+
+
+def diff_json(diff):
+    """compare_packs' result -> the object `diff --json` prints: ABSENT fields left out of their change."""
+    changed = []
+    for change in diff["records"]["changed"]:
+        fields = [_present(field) for field in change["fields"]]
+        changed.append(dict(change, fields=fields))
+    records = dict(diff["records"], changed=changed)
+    return dict(diff, records=records)
+
+
+def _present(field):
+    """A field change without the side that is ABSENT."""
+    return {key: value for key, value in field.items() if value is not ABSENT}
 
 
 # ============================================================================
@@ -3547,6 +4003,11 @@ def json_shape(items):
 def check_report(root, policy):
     """What `check` prints for the pack at `root` under `policy`; raises PackError. Writes nothing."""
     snapshot = load_pack(root, policy, time.time_ns())          # two readings of the clock, as `check` takes
+    return snapshot_report(snapshot)
+
+
+def snapshot_report(snapshot):
+    """What `check` prints for a loaded snapshot: its folder and verification, freshness judged now."""
     return {"pack": snapshot.root, "verification": snapshot.verification(time.time_ns())}
 
 
@@ -3653,7 +4114,8 @@ class PackMaker:
         return {"jsonl": data.decode("utf-8")}
 
     def api_build(self, request):
-        """The builder on all messages, published to --out as `build` does -> the check report."""
+        """The builder on all messages, published to --out as `build` does -> the check report, and the pack's payee
+    facts (payee_table) under "payees"."""
         data = self.api_records(request)["jsonl"].encode("utf-8")
         title = request.get("title")
         description = request.get("description", "")
@@ -3662,7 +4124,10 @@ class PackMaker:
         messages = messages_jsonl(enumerate(self.export.messages, 1))
         files = build_pack_files(messages, data, title, description, MAKER_INPUTS)
         publish_pack(files, self.out, _verify_staged)
-        return check_report(self.out, TrustPolicy())
+        snapshot = load_pack(self.out, TrustPolicy(), time.time_ns())
+        report = snapshot_report(snapshot)
+        report["payees"] = payee_table(snapshot)        # the build panel shows them first
+        return report
 
     def api_check(self, request):
         """`check` on a pack folder, trusting the pasted allowed_signers lines and pinning the SHA256: lines."""
@@ -3760,6 +4225,15 @@ MAKER_HTML = """<!doctype html>
     <input id="description">
     <button id="build" type="button">Build pack</button>
     <button id="download" type="button">Download records</button>
+    <div id="payees-panel" hidden>
+      <h3 id="payees-heading">Payee accounts in the built pack</h3>
+      <p class="hint">Check each account against a contact you already had before anyone is paid from this pack.</p>
+      <table id="payees" aria-labelledby="payees-heading">
+        <thead><tr><th scope="col">Account</th><th scope="col">Payee</th><th scope="col">Record</th>
+          <th scope="col">Date</th></tr></thead>
+        <tbody></tbody>
+      </table>
+    </div>
     <pre id="build-report" role="status" aria-live="polite"></pre>
   </section>
   <section id="check" aria-labelledby="check-heading">
@@ -3804,6 +4278,9 @@ button { font: inherit; margin: .25rem .25rem .25rem 0; }
 :focus-visible { outline: 3px solid #2f6fdf; outline-offset: 1px; }
 .quotes li, .records li { margin: .25rem 0; }
 pre { white-space: pre-wrap; word-break: break-word; }
+table { border-collapse: collapse; margin: .25rem 0 .75rem; }
+th, td { text-align: left; padding: .2rem .6rem .2rem 0; border-bottom: 1px solid #8883; vertical-align: top; }
+td.account { font-family: ui-monospace, monospace; white-space: nowrap; }
 .error { color: #c0182a; }
 @media (max-width: 64rem) {
   main { grid-template-columns: 1fr; grid-template-areas: "browse" "reader" "record" "pack" "check"; }
@@ -4018,6 +4495,20 @@ async function run(reportId, action) {
   }
 }
 
+// The built pack's payee facts, one row each, the account first: what a person checks before anyone pays.
+function renderPayees(rows) {
+  const body = document.querySelector("#payees tbody");
+  body.replaceChildren();
+  for (const row of rows) {
+    const cells = [row.account, row.name, row.record_id, row.date_last_utc].map((text) => element("td", text));
+    cells[0].className = "account";
+    const line = element("tr");
+    line.append(...cells);
+    body.append(line);
+  }
+  $("payees-panel").hidden = !rows.length;
+}
+
 function reportText(report) {
   const {pack, signature, freshness} = report.verification;
   return "Verified " + report.pack + ": " + pack.records + " records\nsignature: " + signature.status +
@@ -4085,9 +4576,14 @@ $("record-form").addEventListener("submit", async (event) => {
   clearForm();
   show("record-status", "Saved " + record.record_id + ".");
 });
-$("build").addEventListener("click", () => run("build-report", async () => reportText(await api("build", {
-  title: $("title").value, description: $("description").value, records: state.records})) +
-  "\n\nNext: sign it with verified_memory.py sign (see the README)."));
+$("build").addEventListener("click", () => run("build-report", async () => {
+  $("payees-panel").hidden = true;
+  const report = await api("build", {title: $("title").value, description: $("description").value,
+                                     records: state.records});
+  renderPayees(report.payees);
+  delete report.payees;
+  return reportText(report) + "\n\nNext: sign it with verified_memory.py sign (see the README).";
+}));
 $("download").addEventListener("click", () => run("build-report", async () => {
   const reply = await api("records", {records: state.records});
   const file = new Blob([reply.jsonl], {type: "application/x-ndjson"});
@@ -4659,7 +5155,7 @@ def dist_command(options):
 
 USAGE = "Usage:\n" + __doc__.split("\n\n")[2] + """
 
-Trust flags (serve, check, search, get, check-payee), also as --flag=value:
+Trust flags (serve, check, search, get, check-payee, diff), also as --flag=value:
   --trusted-keys FILE            lines `name ssh-ed25519 AAAA... [comment]`: whose signatures count
   --trusted-fingerprint SHA256:..  pin the signer (repeat, or separate with commas); implies a signature
   --revoked-keys FILE            fingerprints never to accept, one per line
@@ -4670,7 +5166,7 @@ Trust flags (serve, check, search, get, check-payee), also as --flag=value:
                                  `on` refuses to start without Linux Landlock, `off` is for debugging)
 An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be plain (no
 trailing separator, '.' or '..'); the trust flags' and the server's --pack must also be absolute, while
-build, sign, dist, import, export-shape and maker take paths relative to the working folder too. Every
+build, sign, diff, dist, import, export-shape and maker take paths relative to the working folder too. Every
 other argument must be UTF-8 text.
 Without --pack, a checkout serves the examples/pack folder beside this file.
 help or --help shows this text; --version the version."""
@@ -4685,7 +5181,9 @@ SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "path", "--sandbox": "text"})
 CHECK_PAYEE_FLAGS = dict(SERVE_FLAGS, **{"--payee": "text", "--account": "text"})
 UNSETTABLE = set(TRUST_FLAGS) | {"--sandbox"}   # an empty or ${...} value turns these off; any other is refused
 BUILD_FLAGS = {"--messages": "file", "--records": "file", "--out": "file", "--title": "text", "--description": "text"}
-SIGN_FLAGS = {"--pack": "file", "--key": "file", "--expires": "text", "--sequence": "text", "--out": "file"}
+SIGN_FLAGS = {"--pack": "file", "--key": "file", "--expires": "text", "--sequence": "text", "--out": "file",
+              "--previous": "file", "--accept-payee-changes": "text"}
+DIFF_FLAGS = dict(TRUST_FLAGS, **{"--old": "file", "--new": "file", "--json": "bool"})
 DIST_FLAGS = {"--out": "file", "--registry-name": "text", "--release-url": "text", "--pypi-name": "text"}
 IMPORT_FLAGS = {"--export": "file", "--out": "file"}
 MAKER_FLAGS = {"--export": "file", "--out": "file", "--records": "file", "--port": "text"}
@@ -4695,12 +5193,74 @@ COMMANDS = {"serve": (SERVE_FLAGS, {}, ()), "check": (SERVE_FLAGS, {}, ()),
             "check-payee": (CHECK_PAYEE_FLAGS, {}, ("--payee", "--account")),
             "build": (BUILD_FLAGS, {}, ("--messages", "--records", "--out", "--title")),
             "sign": (SIGN_FLAGS, {}, ("--pack", "--key", "--expires", "--out")),
+            "diff": (DIFF_FLAGS, {}, ("--old", "--new")),
             "dist": (DIST_FLAGS, {}, ("--out",)),
             "import": (IMPORT_FLAGS, {}, ("--export", "--out")),
             "export-shape": ({}, {"FILE": "file"}, ()),
             "maker": (MAKER_FLAGS, {}, ("--export", "--out")),
             "help": ({}, {}, ())}
 HELP_FLAGS = {"--help": "help", "-h": "help", "--version": "version"}
+# check-payee --help: each reason the payee check answers with -> what it means and what an agent does then
+PAYEE_REASON_HELP = {
+    "account_and_name_recorded": "a record pairs this account with exactly this name: proceed",
+    "name_close": "the account is recorded for a name that differs only harmlessly (case, accents, punctuation, "
+                  "word order, titles, legal form, 1-2 typing errors): confirm the recorded name with the person",
+    "account_recorded_for_other_payee": "the account is recorded for someone else: stop and ask the person",
+    "payee_recorded_with_other_account": "this payee is recorded only with other accounts: stop and ask the person",
+    "account_malformed": "not an account: stop and ask the person",
+    "account_invalid_checksum": "fails its IBAN or ABA check: stop and ask the person",
+    "not_in_memory": "memory holds neither the account nor the payee: stop and ask the person",
+}
+CHECK_PAYEE_RULES = """\
+Usage: verified_memory.py check-payee --pack /abs/pack [trust flags] --payee NAME --account ACCOUNT
+
+Before a payment: does the verified pack pair ACCOUNT with NAME? Prints what the verified_memory_check_payee
+tool returns (JSON). Exit status: 0 only on match; 1 on any other outcome or a refusal; 2 on a usage error.
+Trust flags as for serve (see --help without a command); pin the signer and use --strict before paying.
+
+Rules, in order; the first that applies decides:
+  1. ACCOUNT without spaces and hyphens, letters upper-cased, must be 4 to 34 ASCII letters and digits with
+     at least one digit; else account_malformed.
+  2. An IBAN (two letters, two digits, 11 to 30 more) must pass ISO 13616: a registry country, its length and
+     BBAN format, check digits 02-98, mod 97 = 1; nine digits must pass the ABA checksum (weights 3, 7, 1);
+     else account_invalid_checksum.
+  3. The deciding payee facts are those that record this account with any name, or this payee with any
+     account. A recorded name is this payee when it equals NAME after NFC and collapsing white space
+     (exact), or has the same words in any order once case, accents, punctuation, titles and legal forms
+     are set aside.
+  4. A fact with this account and the exact name: account_and_name_recorded, even when the payee is also
+     recorded with other accounts (all are listed in records, newest date_last_utc first).
+  5. Else a fact with this account and a close name (the same words, or 1 edit apart from 5 characters and
+     2 from 13): name_close.
+  6. Else a fact with this account and another name: account_recorded_for_other_payee.
+  7. Else a fact with this payee and another account: payee_recorded_with_other_account.
+  8. Else: not_in_memory.
+Only an exact name can give match; nothing fuzzy ever does.
+
+Outcomes and reasons:
+"""
+DIFF_HELP = """\
+Usage: verified_memory.py diff --old PACK --new PACK [trust flags] [--json]
+
+What the new pack changes: payee facts first (each payee whose accounts differ: added, changed or removed,
+with the records and quotes that carry each account), then records added, removed and changed (field by
+field), then PACK.json (sequence, dates) and the signer. Both packs are verified as the server would, under
+the same trust flags. Plain text by default; --json prints the same as one JSON object.
+Exit status: 0 when the packs hold the same records, 1 when they differ, 2 on a usage error or a pack that
+does not verify.
+"""
+SIGN_HELP = """\
+Usage: verified_memory.py sign --pack DIR --key KEY --expires 90d|TIME [--sequence N] --out DIR
+                               [--previous LAST_PACK [--accept-payee-changes N]]
+
+Copies the verified pack DIR to the new folder --out, writes PACK.json (dates, sequence), reseals SHA256SUMS
+and signs it with ssh-keygen -Y sign; then verifies the result strictly, trusting only KEY.pub. --expires is
+1d to 1825d or a UTC time. Nothing is written on any refusal.
+--previous LAST_PACK verifies the pack you published last, prints what DIR changes from it (as diff does),
+defaults --sequence to its sequence + 1 (1 when it has none) and refuses a lower or equal one. It refuses to
+sign payee changes (a payee's accounts added, changed or removed) unless --accept-payee-changes N gives
+their number: confirm each with the payee through a contact you already had, never one the new records give.
+"""
 PACKAGING_COMMANDS = {"build": build_command, "sign": sign_command, "dist": dist_command}
 TOOL_COMMANDS = {"search": "verified_memory_search", "get": "verified_memory_get",
                  "check-payee": "verified_memory_check_payee"}
@@ -4858,7 +5418,7 @@ def parse_args(argv):
         if word == "--":
             positional.extend(rest)
         elif word in HELP_FLAGS:
-            return HELP_FLAGS[word], {}, []
+            return HELP_FLAGS[word], {}, [command]
         elif word.startswith("-") and word != "-":
             name, value = _flag_value(word, rest, flags, command)
             _set_option(options, name, value, flags[name])
@@ -4875,6 +5435,26 @@ def parse_args(argv):
     kinds = list(wanted.values())
     checked = [_checked_argument(value, name, kind) for value, name, kind in zip(positional, wanted, kinds)]
     return command, options, checked
+
+
+def payee_rules():
+    """check-payee --help: its usage and rules, then every reason with its outcome and meaning."""
+    import textwrap                           # dev-time: help text only
+    lines = [CHECK_PAYEE_RULES.rstrip("\n")]
+    for reason, outcome in PAYEE_REASONS.items():
+        lines.append("  %s / %s" % (outcome, reason))
+        lines += textwrap.wrap(PAYEE_REASON_HELP[reason], 112, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
+def help_text(command, asked):
+    """`help` or `version`, and the command that --help came with ([] for none) -> the text to print."""
+    if command == "version":
+        return "verified_memory.py %s" % VERSION
+    topic = asked[0] if asked else "help"
+    if topic == "check-payee":
+        return payee_rules()
+    return {"diff": DIFF_HELP, "sign": SIGN_HELP}.get(topic, USAGE).rstrip("\n")
 
 
 def _host_file(path, flag):
@@ -4990,6 +5570,47 @@ def tool_command(snapshot, command, options, positional):
     return 0 if delivered and matched else 1
 
 
+def _diff_side(options, flag, policy, now_ns):
+    """The pack that --old or --new names, verified as the server would under `policy` -> its snapshot; PackError
+    naming the flag."""
+    root = options[flag]
+    try:
+        return load_pack(root, policy, now_ns)
+    except PackError as e:
+        raise PackError("%s %s: %s" % (flag, root, e)) from None
+
+
+def _print_diff(diff, as_json):
+    """Print a diff as text, or as JSON (`as_json`) -> True, or False when standard output was closed."""
+    if as_json:
+        return _print_json(diff_json(diff))
+    try:
+        write_out(diff_text(diff))
+    except BrokenPipeError:
+        print(OUTPUT_LOST, file=sys.stderr)
+        return False
+    return True
+
+
+def diff_command(options):
+    """`diff`: what the --new pack changes from the --old one, both verified under the trust flags -> 0 when they
+    hold the same records, 1 when they differ, 2 when a pack is refused or the output is lost."""
+    try:
+        policy = policy_from_options(options)
+        now_ns = time.time_ns()
+        old = _diff_side(options, "--old", policy, now_ns)
+        new = _diff_side(options, "--new", policy, now_ns)
+    except PackError as e:
+        print("verified-memory: refused: %s" % e, file=sys.stderr)
+        return 2
+    diff = compare_packs(old, new, pack_head(old), pack_head(new))
+    if not _print_diff(diff, options.get("--json") == "true"):
+        return 2
+    if diff["same_records"]:
+        return 0
+    return 1
+
+
 def serve_command(snapshot, hint):
     """The MCP server on stdin and stdout until the client leaves -> exit status."""
     # While the index builds, a request waits for the index thread to let go of the interpreter after each of its
@@ -5008,8 +5629,10 @@ def main(argv=None):
     try:
         command, options, positional = parse_args(sys.argv[1:] if argv is None else argv)
         if command in ("help", "version"):
-            write_out((USAGE if command == "help" else "verified_memory.py %s" % VERSION) + "\n")
+            write_out(help_text(command, positional) + "\n")
             return 0
+        if command == "diff":
+            return diff_command(options)
         if command in PACKAGING_COMMANDS:
             return PACKAGING_COMMANDS[command](options)
         if command in EXPORT_COMMANDS:
