@@ -5502,10 +5502,12 @@ class TestPackDiff(DiffCase):
         self.assertEqual((records["removed"], records["changed"], diff["same_records"]), ([], [], False))
 
     def test_a_payee_added_and_one_removed(self):
-        diff = self.diff(self.pack(SEEDS_JAN, COMPOST), self.pack(COMPOST, RENT))
+        rent = json.loads(RENT)
+        rent["quotes"].append({"message_id": 4, "quote": "Compost bins"})     # a quote without the account
+        diff = self.diff(self.pack(SEEDS_JAN, COMPOST), self.pack(COMPOST, json.dumps(rent)))
         self.assertEqual(diff["payee_changes"], [
             {"payee": "Dr. Marta Vidal", "change": "added", "accounts": [account_entry(
-                "111000025", "added", "M-rent", "2026-02-01T09:00:00Z", "Dr. Marta Vidal, routing 111000025",
+                "111000025", "added", "M-rent", "2026-02-02T09:00:00Z", "Dr. Marta Vidal, routing 111000025",
                 "Dr. Marta Vidal")]},
             {"payee": "Hollow Oak Seeds Ltd", "change": "removed", "accounts": [
                 account_entry(IBAN_DE, "removed", *JAN_ENTRY)]}])
@@ -5549,6 +5551,8 @@ class TestPackDiff(DiffCase):
         self.assertEqual(vm.field_changes({"a": {"b": 1}}, {"a": [1]}), [{"field": "a", "old": {"b": 1}, "new": [1]}])
         self.assertEqual(vm.field_changes({"a": 1.5, "b": [], "c": {}}, {"c": {}, "b": [], "a": 1.5}), [])
         self.assertEqual(vm.field_changes({"a": "(absent)"}, {}), [{"field": "a", "old": "(absent)", "new": absent}])
+        self.assertEqual(vm.field_changes([0.0, -0.0, 1e300], [-0.0, -0.0, 1e300]), [{"field": "[0]", "old": 0.0,
+                                                                                     "new": -0.0}])
 
     def test_pack_json_and_signer(self):
         old = self.pack(SEEDS_JAN)
