@@ -4196,7 +4196,7 @@ class TestBuilderRules(unittest.TestCase):
                  (dict(base, statement="  "), "statement: must be a non-empty string"),
                  (dict(base, speaker=""), "speaker: must be a non-empty string"),
                  (dict(base, evidence=[]), "evidence: is not a known field (expected record_id, role, topic, "
-                                           "category, quotes, statement, speaker, payee)"),
+                                           "category, quotes, statement, speaker, payee, supersedes)"),
                  ({k: v for k, v in base.items() if k != "quotes"}, "quotes: is missing"))
         for obj, expected in cases:
             with self.subTest(expected=expected):
@@ -5320,6 +5320,21 @@ class TestPayeeBuilder(unittest.TestCase):
         return build_files(self.MESSAGES, [json.dumps({"record_id": "M-1", "role": "user", "topic": "t",
                                                        "category": "c", "quotes": [{"message_id": 1, "quote": quote}],
                                                        "payee": payee})])
+
+    def test_supersedes_is_one_record_id_or_a_list_of_different_ones(self):
+        for value in ("M-old", ["M-old"], ["M-old", "M-from-an-earlier-pack"], ["M-%d" % i for i in range(64)]):
+            obj = {"record_id": "M-1", "role": "user", "topic": "t", "category": "c", "supersedes": value,
+                   "quotes": [{"message_id": 1, "quote": "Fern Ltd"}]}
+            files = build_files(self.MESSAGES, [json.dumps(obj)])
+            self.assertEqual(json.loads(files["records.jsonl"])["supersedes"], value)
+        for value in ([], ["M-old", "M-old"], "old", ["M-ok", 5], 5, None, {"id": "M-old"},
+                      ["M-%d" % i for i in range(65)]):
+            obj = {"record_id": "M-1", "role": "user", "topic": "t", "category": "c", "supersedes": value,
+                   "quotes": [{"message_id": 1, "quote": "Fern Ltd"}]}
+            with self.assertRaises(vm.PackError, msg=value) as caught:
+                build_files(self.MESSAGES, [json.dumps(obj)])
+            self.assertEqual(str(caught.exception), "records.jsonl line 1, field supersedes: must be a record ID (M- "
+                             "followed by 1-127 letters, digits, _ or -) or a list of 1 to 64 different ones")
 
     def test_payee_is_copied_into_the_record(self):
         payee = {"name": "Fern Ltd", "account": "DE89 3704 0044 0532 0130 00"}
@@ -6930,12 +6945,18 @@ class TestPackMakerInChromium(MakerCase):
         write(saved, json.dumps({"record_id": "M-seeds", "role": "user", "topic": "Seeds", "category": "payees",
                                  "quotes": [{"message_id": 1, "quote": text}],
                                  "payee": [{"name": "Hollow Oak Seeds Ltd", "account": "GB82 WEST 1234 5698 7654 32"},
-                                           {"name": "Hollow Oak Seeds Ltd", "account": "DE89370400440532013000"}]}))
+                                           {"name": "Hollow Oak Seeds Ltd", "account": "DE89370400440532013000"}],
+                                 "supersedes": ["M-old-1", "M-old-2"]}))
         maker = self.start(None, "--records", saved, name="conversations.json")
         tab = self.browser(self.outside_proxy()[0])
         tab.call("Page.navigate", url="%s/?token=%s" % (maker.origin, maker.token))
         tab.wait_for("document.querySelectorAll('#records > li').length === 1")
         self.assertTrue(tab.evaluate("document.getElementById('payees-panel').hidden"))
+        tab.evaluate("document.querySelector('[aria-label=\"Edit M-seeds\"]').click()")     # editing keeps supersedes
+        self.assertEqual(tab.evaluate("document.getElementById('supersedes').value"), "M-old-1 M-old-2")
+        tab.evaluate("document.getElementById('record-form').requestSubmit()")
+        tab.wait_for("document.getElementById('record-status').textContent === 'Saved M-seeds.'")
+        self.assertEqual(tab.evaluate("state.records[0].supersedes"), ["M-old-1", "M-old-2"])
         tab.evaluate("document.getElementById('build').click()")
         tab.wait_for("document.getElementById('build-report').textContent.startsWith('Verified')")
         rows = tab.evaluate("[...document.querySelectorAll('#payees tr')].map((row) => [...row.cells].map("

@@ -2467,7 +2467,9 @@ def serve(snapshot, stdin, stdout, clock=time.time_ns):
 # ============================================================================
 
 MESSAGE_FIELDS = ("id", "date", "speaker", "text")
-INPUT_RECORD_FIELDS = ("record_id", "role", "topic", "category", "quotes", "statement", "speaker", "payee")
+INPUT_RECORD_FIELDS = ("record_id", "role", "topic", "category", "quotes", "statement", "speaker", "payee",
+                       "supersedes")
+MAX_SUPERSEDES = 64                   # record IDs in one record's supersedes
 REQUIRED_RECORD_FIELDS = INPUT_RECORD_FIELDS[:5]
 QUOTE_FIELDS = ("message_id", "quote", "start")
 REQUIRED_QUOTE_FIELDS = QUOTE_FIELDS[:2]
@@ -2652,7 +2654,21 @@ def build_record(obj, messages, file, line):
     if "payee" in obj:
         payee_facts(obj["payee"], quotes, line, file)
         record["payee"] = obj["payee"]
+    if "supersedes" in obj:
+        record["supersedes"] = _supersedes_field(obj["supersedes"], file, line)
     return record
+
+
+def _supersedes_field(value, file, line):
+    """An input record's "supersedes": one record ID, or a list of 1 to MAX_SUPERSEDES different ones -> the value
+    to keep; else PackError. An ID may name a record of an earlier pack, so it need not be in this one."""
+    items = value if type(value) is list else [value]
+    ids = [item for item in items if type(item) is str and RECORD_ID.fullmatch(item)]
+    distinct = len(set(ids))
+    if not items or distinct != len(items) or distinct > MAX_SUPERSEDES:
+        raise PackError("must be a record ID (M- followed by 1-127 letters, digits, _ or -) or a list of 1 to %d "
+                        "different ones" % MAX_SUPERSEDES, file, line, "supersedes")
+    return value
 
 
 def render_manifest(files):
@@ -4206,6 +4222,9 @@ MAKER_HTML = """<!doctype html>
         <input id="payee-name" autocomplete="off">
         <label for="payee-account">Payee account (IBAN, ABA routing number or other)</label>
         <input id="payee-account" autocomplete="off" spellcheck="false">
+        <label for="supersedes">Supersedes (optional): IDs of the records this one replaces, such as an old
+          account's, separated by spaces</label>
+        <input id="supersedes" autocomplete="off" spellcheck="false">
       </fieldset>
       <h3>Quotes</h3>
       <ul id="quotes" class="quotes"></ul>
@@ -4396,7 +4415,9 @@ function nextRecordId() {
 }
 
 function clearForm() {
-  for (const id of ["topic", "category", "speaker", "statement", "payee-name", "payee-account"]) $(id).value = "";
+  for (const id of ["topic", "category", "speaker", "statement", "payee-name", "payee-account", "supersedes"]) {
+    $(id).value = "";
+  }
   $("record-id").value = nextRecordId();
   state.quotes = [];
   state.otherPayees = [];
@@ -4413,6 +4434,7 @@ function editRecord(index) {
   $("payee-name").value = payees.length ? payees[0].name : "";
   $("payee-account").value = payees.length ? payees[0].account : "";
   state.otherPayees = payees.slice(1);
+  $("supersedes").value = record.supersedes === undefined ? "" : [].concat(record.supersedes).join(" ");
   state.quotes = record.quotes.map((quote) => Object.assign({}, quote));
   state.editing = index;
   renderQuotes();
@@ -4564,6 +4586,8 @@ $("record-form").addEventListener("submit", async (event) => {
   }
   const payees = (payee.name ? [payee] : []).concat(state.otherPayees);
   if (payees.length) record.payee = payees.length === 1 ? payees[0] : payees;
+  const replaced = $("supersedes").value.split(/[\s,]+/).filter(Boolean);
+  if (replaced.length) record.supersedes = replaced.length === 1 ? replaced[0] : replaced;
   const records = state.records.slice();
   records.splice(state.editing < 0 ? records.length : state.editing, state.editing < 0 ? 0 : 1, record);
   try {
