@@ -5541,6 +5541,16 @@ class TestPackDiff(DiffCase):
         self.assertEqual(fields["payee.account"], ("DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32"))
         self.assertEqual(fields["evidence[0].message_id"], (1, 5))
 
+    def test_a_payee_key_written_with_an_escape_is_a_payee(self):
+        old = self.pack(COMPOST)
+        new = self.copy_pack("escaped", self.pack(COMPOST, SEEDS_JUL))
+        path = os.path.join(new, "records.jsonl")
+        write(path, read(path).replace(b'"payee":', b'"pay\\u0065e":'))
+        reseal(new)
+        self.assertIn(b'"pay\\u0065e":', read(path))
+        self.assertEqual([(c["payee"], c["change"]) for c in self.diff(old, new)["payee_changes"]],
+                         [("Hollow Oak Seeds Ltd", "added")])
+
     def test_the_same_accounts_under_another_spelling_are_no_payee_change(self):
         respelled = payee_record("M-seeds-jan", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
                                  "HOLLOW OAK SEEDS", "de89-3704-0044-0532-0130-00")

@@ -3225,10 +3225,10 @@ def payee_key(name):
 
 def snapshot_payees(snapshot):
     """A snapshot -> [(record index, [(name, normalised account)])] of its records with payee facts, in file
-    order. Only lines that mention "payee" are parsed."""
+    order. Only lines that hold "payee" or an escape (which may spell it) are parsed."""
     found = []
     for record_id, line in record_lines(snapshot).items():
-        if b'"payee"' not in line:
+        if b'"payee"' not in line and b"\\" not in line:
             continue
         i = snapshot.ids[record_id]
         record = snapshot.record(i)
