@@ -69,12 +69,6 @@ def read(path):
         return f.read()
 
 
-def search_text(record):
-    """What search reads of a record, as the spec says: statement, topic and quotes, one a line, with a line
-    break at either end (vm._text_block keeps these texts of a block of records)."""
-    return "\n".join(["", record["statement"], record["topic"]] + [c["quote"] for c in record["evidence"]] + [""])
-
-
 def text_record(statement):
     """A record with only the fields that make its search text."""
     return {"statement": statement, "topic": "t", "evidence": [{"quote": "q"}]}
@@ -350,7 +344,7 @@ class TestStrictJsonDepth(unittest.TestCase):
                     vm.strict_json_loads(text)
             else:
                 self.assertEqual(vm.strict_json_loads(text), item)
-            self.assertEqual(vm._nests_too_deep(text, 3), depth > vm.MAX_JSON_DEPTH - 2)   # found at depth 3
+            self.assertEqual(vm._json_depth(text), depth)
         self.assertEqual(seen, {True, False})
         alternating = "1"
         for level in range(64):
@@ -459,8 +453,9 @@ class TestRecordsFile(RecordsCase):
         self.assertRefused(self.pack, "records.jsonl line 10001: has more than 10000 records")
 
 
-class TestRecordsInBlocks(RecordsCase):
-    """Records are parsed and checked a block at a time, by column; refusals stay those of one record at a time."""
+class TestRecordsOneAtATime(RecordsCase):
+    """Each line is parsed, checked by check_record and let go before the next: the first faulty line is the one
+    reported, and the snapshot keeps exactly each record's ID, date and payee facts."""
 
     def many_lines(self, count):
         template = json.loads(self.lines[0])
@@ -493,7 +488,7 @@ class TestRecordsInBlocks(RecordsCase):
                 self.assertTrue(str(caught.exception).startswith("records.jsonl " + where), str(caught.exception))
 
     def test_a_record_id_holding_a_line_feed_is_refused(self):
-        # the fast path matches all IDs of a block joined by LF: one ID with an LF must not pass as two
+        # fullmatch, never match: an ID or digest followed by an LF and more is refused
         self.refuse_record(setter(("record_id",), "M-a\nM-b"), "record_id",
                            "must be M- followed by 1-127 letters, digits, _ or -")
         digest = self.first["evidence"][0]["message_sha256"]
@@ -501,9 +496,8 @@ class TestRecordsInBlocks(RecordsCase):
                            "evidence[0].message_sha256", "must be 64 lowercase hex characters")
 
     def test_rules_that_another_check_usually_hides(self):
-        # each of these faults is caught by check_record's own rule and by no other: the column checks must
-        # refuse it too (an empty quote whose offsets agree, negative offsets one quote long, metadata nested
-        # too deep, a payee whose account is in no quote)
+        # each of these faults is caught by one rule and by no other (an empty quote whose offsets agree,
+        # negative offsets one quote long, metadata nested too deep, a payee whose account is in no quote)
         def empty_quote(record):
             record["evidence"][0].update(quote="", end=record["evidence"][0]["start"])
         self.refuse_record(empty_quote, "evidence[0].quote", "must be a non-empty string")
@@ -518,41 +512,21 @@ class TestRecordsInBlocks(RecordsCase):
         self.refuse_record(setter(("payee",), {"name": "Acme", "account": "GB33BUKB20201555555555"}), "payee.account",
                            "GB33BUKB20201555555555 does not occur in any of the record's quotes")
 
-    def test_the_fast_path_agrees_with_check_record(self):
-        # random damage to blocks of records: whenever the column checks pass, check_record passes every
-        # record that has no other field, with the same values; valid blocks, metadata and payee included,
-        # take the fast path
+    def test_the_snapshot_keeps_each_records_id_date_and_payee_facts(self):
+        data = read(os.path.join(self.pack, "records.jsonl"))
+        parsed = vm.parse_records(data)
         records = [json.loads(line) for line in self.lines]
-        self.assertIsNotNone(vm._valid_records(records, {}))
-        self.assertTrue(any(len(record) > len(vm.RECORD_FIELDS) for record in records))
-        values = ("", " ", "x", "M-x", "M-a\nM-b", "user", "agent", 0, 1, -1, True, 2.0, None, [], {}, ["x"],
-                  "2026-02-14T18:12:00Z", "2026-02-14T18:12:00.5Z", "2027-01-01T00:00:00Z", "a" * 64, "A" * 64)
-        rng, passed = random.Random(5), 0
-        for _ in range(3000):
-            block = json.loads(json.dumps(records))
-            for _ in range(rng.randint(1, 3)):
-                record = rng.choice(block)
-                evidence = record.get("evidence")
-                citations = [c for c in evidence if type(c) is dict] if type(evidence) is list else []
-                if rng.random() < 0.5 or not citations:
-                    target, keys = record, list(vm.RECORD_FIELDS) + ["note"]
-                else:
-                    target, keys = rng.choice(citations), list(vm.CITATION_FIELDS) + ["note"]
-                key = rng.choice(keys)
-                if rng.random() < 0.2:
-                    target.pop(key, None)
-                else:
-                    target[key] = rng.choice(values)
-            fast = vm._valid_records(block, {})
-            plain = [record for record in block if len(record) == len(vm.RECORD_FIELDS)]
-            try:
-                slow = [vm.check_record(record, line, {}) for line, record in enumerate(plain, 1)]
-            except vm.PackError:
-                slow = None
-            if fast is not None:              # records with more fields go through check_record anyway
-                passed += 1
-                self.assertEqual([pair for pair, record in zip(fast, block) if record in plain], slow, block)
-        self.assertGreater(passed, 100)
+        self.assertEqual(parsed.ids, [record["record_id"] for record in records])
+        self.assertEqual(parsed.dates, [vm.parse_utc(record["date_last_utc"]) for record in records])
+        self.assertEqual(list(parsed.offsets), [0] + [m.end() for m in re.finditer(b"\n", data)])
+        facts = [(i, [(record["payee"]["name"], vm.check_account(record["payee"]["account"])["normalised"])])
+                 for i, record in enumerate(records) if "payee" in record]
+        self.assertEqual(len(facts), 2)
+        self.assertEqual(parsed.payees, facts)
+        checked = vm.check_record(records[0], 1, {})
+        self.assertEqual(checked, (records[0]["record_id"], parsed.dates[0], []))
+        snapshot = self.load(self.pack)
+        self.assertEqual([snapshot.record(i) for i in range(len(records))], records)
 
 
 class TestManifest(TempDirCase):
@@ -578,6 +552,18 @@ class TestManifest(TempDirCase):
                 listed = [l.split()[0] for l in self.lines if l.endswith("  " + name)][0]
                 self.assertRefused(pack, "%s: SHA-256 of %s is %s, but SHA256SUMS lists %s"
                                    % (name, name, actual, listed))
+
+    def test_every_digit_of_a_checksum_counts(self):
+        # a listed digest that differs from the file's in one hex digit only, at the start, middle or end
+        for k, line in enumerate(self.lines):
+            for at in (0, 31, 63):
+                with self.subTest(line=line, at=at):
+                    digest, name = line.split("  ")
+                    wrong = digest[:at] + "0123456789abcdef"[(int(digest[at], 16) + 1) % 16] + digest[at + 1:]
+                    lines = list(self.lines)
+                    lines[k] = "%s  %s" % (wrong, name)
+                    self.refuse("\n".join(lines) + "\n", "%s: SHA-256 of %s is %s, but SHA256SUMS lists %s"
+                                % (name, name, digest, wrong))
 
     def test_line_format(self):
         digest, name = self.lines[0].split("  ")
@@ -1212,7 +1198,7 @@ class TestMcpErrors(McpProcessCase):
 
     def test_internal_errors_keep_the_session(self):
         class Broken:
-            def call_json(self, name, arguments):
+            def call(self, name, arguments):
                 raise RuntimeError("boom")
         session = vm.McpSession(Broken())
         session.handle_message(initialize())
@@ -1309,11 +1295,24 @@ class TestStopOnChange(TempDirCase):
         self.assertStopped()
 
     def test_added_file_then_removed_again_stays_stopped(self):
+        # on a real disk, removing the added file leaves the folder's times changed, so the state never matches
+        # again anyway: the tools see the disk through a stand-in that, once the file is gone, shows the folder
+        # exactly as verified, and only the latch keeps them stopped
+        snapshot = self.tools.snapshot
+        removed = []
+
+        def disk(root):
+            return snapshot.state if removed else vm.disk_state(root)
+        self.tools = vm.ToolServer(snapshot, lambda: NOW, disk=disk)
+        self.assertServing()
         extra = os.path.join(self.pack, ".DS_Store")
         write(extra, "x")
         self.assertStopped()
         os.unlink(extra)
+        removed.append(extra)
         self.assertStopped()                  # latched until restart
+        self.tools = vm.ToolServer(snapshot, lambda: NOW, disk=disk)
+        self.assertServing()                  # a new server (a restart) serves the same state
 
     def test_removed_file(self):
         os.unlink(os.path.join(self.pack, "README.md"))
@@ -1349,6 +1348,23 @@ class TestStopOnChange(TempDirCase):
         self.tools.changed = False
         os.rename(path + ".tmp", path)
         self.assertStopped()
+
+    def test_tools_serve_the_verified_snapshot_not_the_disk(self):
+        # what the tools return is what was verified at startup: with a stand-in that shows the disk unchanged,
+        # a rewrite of records.jsonl goes unseen, and get, search and the payee check still answer from the
+        # verified records
+        snapshot = self.tools.snapshot
+        path = os.path.join(self.pack, "records.jsonl")
+        write(path, read(path).replace(b"GARDEN-ACCT-0042", b"ATTACK-ACCT-6666"))
+        tools = vm.ToolServer(snapshot, lambda: NOW, disk=lambda root: snapshot.state)
+        record = tools.call("verified_memory_get", {"id": "M-garden-7"})[0]["record"]
+        self.assertIn("GARDEN-ACCT-0042", record["statement"])
+        matches = tools.call("verified_memory_search", {"query": "account"})[0]["matches"]
+        self.assertIn("GARDEN-ACCT-0042", json.dumps(matches))
+        self.assertNotIn("ATTACK", json.dumps(matches))
+        payload = tools.call("verified_memory_check_payee", {"payee": "Juniper Street Community Garden",
+                                                             "account": "GARDEN-ACCT-0042"})[0]
+        self.assertEqual(payload["outcome"], "match")
 
     def test_running_server_refuses_with_no_record_data(self):
         session = [initialize(), call(2, "verified_memory_get", {"id": "M-garden-7"})]
@@ -1408,42 +1424,38 @@ def reference_words(text):
     return re.findall(r"\w+", unicodedata.normalize("NFKC", text).casefold())
 
 
-def index_over(records, index_class=vm.SearchIndex, *args):
-    """A search index over records.jsonl bytes, as a snapshot makes it."""
-    offsets, ids, dates, blocks = vm.parse_records(records)
-    return index_class(blocks, dates, ids, records, offsets, *args)
-
-
-def text_index(records, index_class=vm.SearchIndex, *args):
-    """A search index over records with only the fields of their search texts (text_record), dated by their
-    order, their lines written as records.jsonl holds them."""
+def records_jsonl(records):
+    """Records -> (their lines, as records.jsonl holds them, and where each line starts, and the next would)."""
     lines = [record_line(record).encode() + b"\n" for record in records]
-    blocks = [vm._text_block(records[first:first + vm.BLOCK_RECORDS]) for first in range(0, len(records),
-                                                                                         vm.BLOCK_RECORDS)]
-    offsets = array.array("L", [0] + list(itertools.accumulate(map(len, lines))))
-    return index_class(blocks, list(range(len(records))), ["M-%d" % i for i in range(len(records))],
-                       b"".join(lines), offsets, *args)
+    return b"".join(lines), [0] + list(itertools.accumulate(map(len, lines)))
 
 
-class EarlyAnswers(vm.SearchIndex):
-    """An index that, at a few points of its build, answers `queries` the way it answers a search asked
-    before the index is complete: when 1 record, half of them and all but one are indexed."""
+def text_index(records, dates=None, index_class=vm.SearchIndex):
+    """A search index over records that have only the fields of their search texts (text_record), dated by their
+    order unless `dates` says otherwise, with IDs M-0, M-1..."""
+    data, offsets = records_jsonl(records)
+    ids = ["M-%d" % i for i in range(len(records))]
+    return index_class(data, offsets, dates or list(range(len(records))), ids)
 
-    def __init__(self, blocks, dates, ids, records, offsets, queries):
-        super().__init__(blocks, dates, ids, records, offsets)
-        self.queries, self.early = [[w.encode() for w in query] for query in queries], []
-        self.checkpoints = {len(ids) - 1, len(ids) - len(ids) // 2, 1}     # `done`: the records not yet indexed
 
-    def _between(self, postings, blocks, done):
-        if done in self.checkpoints:
-            self.early.append([self._early(query, 10, postings, blocks, done) for query in self.queries])
-        super()._between(postings, blocks, done)
+def scan(records, query, dates=None, limit=10):
+    """The contract's own definition, kept independent of the index: (matched, [(record index, occurrences)]
+    of the best `limit`) by a linear scan of the records' words (reference_words)."""
+    dates = dates or list(range(len(records)))
+    hits = []
+    for i, record in enumerate(records):
+        words = reference_words(vm.search_text(record))
+        if all(word in words for word in query):
+            hits.append((-sum(words.count(word) for word in query), -dates[i], "M-%d" % i, i))
+    hits.sort()
+    return len(hits), [(i, -total) for total, _, _, i in hits[:limit]]
 
 
 class TestSearchIndexPaths(SearchCase):
-    """The index answers exactly like a linear scan on every path (one rare word, a rare word looked up
-    in the others, count fields when every word is common, in >= 1/8 of the records), and so does the
-    early answer to a search asked while the index is being built: same matches, order and `matched`."""
+    """The index answers exactly like a linear scan of the verified records on every path: a rare word's keys
+    (alone, or looked up in the other words), totals summed as big integers in fields of one or two bytes when
+    every word is common (in >= 1/8 of the records), and place by place when a common word's counts are large:
+    same matches, order and `matched`."""
 
     def check_against_scan(self, texts, vocabulary, rng, queries=300, weights=None, dates=None):
         dates = dates or ["2026-%02d-%02dT00:00:00Z" % (1 + i % 12, 1 + i % 27) for i in range(1, len(texts) + 1)]
@@ -1451,35 +1463,35 @@ class TestSearchIndexPaths(SearchCase):
         tools = self.build(messages, [quote_record("M-%04d" % i, i, text, statement="s")
                                       for i, text in enumerate(texts, 1)])
         index, snapshot = tools.snapshot.index, tools.snapshot
-        index.start()
-        index._ready.wait()
+        index.wait()
         counts = []
         for i in range(len(texts)):
             record = snapshot.record(i)
             words = reference_words("\n".join([record["statement"], record["topic"], record["evidence"][0]["quote"]]))
             counts.append((words, -vm.parse_utc(record["date_last_utc"]), record["record_id"]))
-        paths, asked, expected = set(), [], []
+        paths = set()
         for _ in range(queries):
             query = list(dict.fromkeys(rng.choices(vocabulary, weights, k=rng.randint(1, 4))))
             hits = sorted((-sum(words.count(w) for w in query), date, rid) for words, date, rid in counts
                           if all(w in words for w in query))
             matched, best = index.search(query)
-            keys = [w.encode() for w in query]
-            common = all(w in index.dense for w in keys)
-            paths.add("common" if common else "one" if len(query) == 1 else "filter")
+            paths.add(self.path(index, [w.encode() for w in query]))
             self.assertEqual(matched, len(hits), query)
             self.assertEqual([(snapshot.record(i)["record_id"], n) for i, n in best],
                              [(rid, -n) for n, _, rid in hits[:10]], query)
-            asked.append(query)
-            expected.append(index._lookup([w.encode() for w in query], 10))
-        probe = index_over(read(os.path.join(snapshot.root, "records.jsonl")), EarlyAnswers, asked)
-        probe.start()
-        probe._ready.wait()
-        self.assertIsNone(probe.failure)
-        self.assertEqual(len(probe.early), 3)
-        for early in probe.early:
-            self.assertEqual(early, expected)
         return index, paths
+
+    @staticmethod
+    def path(index, words):
+        """Which way the index answers `words`: a rare word's keys, totals in fields of one or two bytes, or place
+        by place."""
+        if not all(w in index.dense for w in words):
+            return "rare"
+        wide = any(type(index.dense[w]) is not bytearray for w in words)
+        top = sum(index.peak[w] for w in words)
+        if wide or top >= 255:
+            return "each place"
+        return "one byte" if top < 128 or len(words) == 1 else "two bytes"
 
     def test_zipf_counts(self):
         rng = random.Random(5)
@@ -1487,7 +1499,7 @@ class TestSearchIndexPaths(SearchCase):
         weights = [1.0 / (i + 1) for i in range(300)]
         texts = [" ".join(rng.choices(vocabulary, weights, k=rng.randint(1, 30))) for _ in range(1200)]
         index, paths = self.check_against_scan(texts, vocabulary, rng, weights=[w ** 0.5 for w in weights])
-        self.assertEqual(paths, {"one", "filter", "common"})
+        self.assertEqual(paths, {"rare", "one byte"})
         self.assertEqual(index.common, 150)
 
     def test_skewed_counts_tie_everywhere(self):
@@ -1497,7 +1509,7 @@ class TestSearchIndexPaths(SearchCase):
         texts = [" ".join(w for w in vocabulary for _ in range(rng.choices((0, 1, 2, 3), (30, 60, 9, 1))[0]))
                  or "w0" for _ in range(1100)]
         index, paths = self.check_against_scan(texts, vocabulary, rng, queries=200)
-        self.assertEqual(paths, {"common"})
+        self.assertEqual(paths, {"one byte"})
 
     def test_every_word_in_every_record_and_equal_dates(self):
         # all-common queries where thousands of records tie on the total and on the date
@@ -1505,7 +1517,7 @@ class TestSearchIndexPaths(SearchCase):
         vocabulary = ["the", "of", "and", "to"]
         texts = [" ".join(vocabulary + rng.choices(vocabulary, k=rng.choice((0, 0, 0, 1, 2)))) for _ in range(900)]
         index, paths = self.check_against_scan(texts, vocabulary, rng, queries=60, dates=["2026-01-01T00:00:00Z"] * 900)
-        self.assertEqual(paths, {"common"})
+        self.assertEqual(paths, {"one byte"})
         self.assertEqual(index.search(["the", "of", "and", "to"])[0], 900)
 
     def test_identical_records_are_ordered_by_record_id(self):
@@ -1524,29 +1536,40 @@ class TestSearchIndexPaths(SearchCase):
                  for _ in range(700)]
         index, paths = self.check_against_scan(texts, common + rare, rng, queries=300,
                                                weights=[8] * len(common) + [1] * len(rare))
-        self.assertEqual(paths, {"one", "filter", "common"})
+        self.assertEqual(paths, {"rare", "one byte"})
 
-    def test_every_way_of_summing_counts(self):
-        # totals below 128 summed in one-byte fields, below 255 in two-byte fields with even and odd places
-        # apart, else in 16-bit fields where 255 stands for 255 or more; an odd number of records
+    def test_totals_near_and_past_255_are_summed_place_by_place(self):
+        # totals up to 127 are summed in one-byte fields, up to 254 in two-byte fields; from 255 on, each place
+        # is summed in turn
         rng = random.Random(11)
         vocabulary = ["x", "y", "z"]
         texts = [" ".join(w for w in vocabulary for _ in range(rng.choice((0, 1, 2, 3, rng.randint(1, 120)))))
                  or "x" for _ in range(301)]
-        texts[7] = " ".join(["x"] * 120 + ["y"] * 120 + ["z"] * 120)
+        texts[7] = " ".join(["x"] * 120 + ["y"] * 120 + ["z"] * 14)
         index, paths = self.check_against_scan(texts, vocabulary, rng, queries=80)
-        self.assertEqual(paths, {"common"})
+        self.assertEqual(paths, {"one byte", "two bytes", "each place"})
         self.assertEqual([index.peak[w] for w in (b"x", b"y", b"z")], [120, 120, 120])
-        self.assertEqual(index.search(["x", "y", "z"])[1][0], (7, 360))
-        self.assertEqual(index.search(["z", "y"])[1][0], (7, 240))
+        self.assertEqual(self.path(index, [b"x", b"y"]), "two bytes")             # up to 240
+        self.assertEqual(self.path(index, [b"x", b"y", b"z"]), "each place")     # up to 360
+        self.assertEqual(index.search(["x", "y", "z"])[1][0], (7, 254))
+        self.assertEqual(index.search(["x", "y"])[1][0], (7, 240))
+
+    def test_a_count_past_128_needs_two_byte_fields(self):
+        # totals below 255, but counts past 128 that would carry into the next place's byte once its flag is added
+        rng = random.Random(12)
+        texts = [" ".join(["w"] * rng.choice((1, 2, 130, 200)) + ["v"] * rng.randint(0, 30)) for _ in range(200)]
+        index, paths = self.check_against_scan(texts, ["w", "v"], rng, queries=30)
+        self.assertEqual(self.path(index, [b"w", b"v"]), "two bytes")
+        self.assertIn("two bytes", paths)
 
     def test_huge_counts_stay_exact(self):
         # 70,000 occurrences overflow 16 bits; totals around 255 (a byte) are ordered by their exact values
         texts = ["big small"] * 87 + [" ".join(["big"] * (248 + 3 * i)) + " small" for i in range(12)] + \
             [" ".join(["big"] * 70000) + " small"]
-        index, _ = self.check_against_scan(texts, ["big", "small"], random.Random(3), queries=20)
+        index, paths = self.check_against_scan(texts, ["big", "small"], random.Random(3), queries=20)
         self.assertIsInstance(index.dense[b"big"], array.array)       # 32-bit counts
         self.assertIsInstance(index.dense[b"small"], bytearray)       # one byte each
+        self.assertEqual(paths, {"one byte", "each place"})
         matched, best = index.search(["big", "small"])
         self.assertEqual((matched, best[0][1]), (100, 70001))
 
@@ -1558,204 +1581,81 @@ class TestSearchIndexPaths(SearchCase):
         index, paths = self.check_against_scan(texts, ["big", "small", "needle", "pin"], random.Random(3), queries=40)
         self.assertEqual((index.postings[b"needle"].typecode, index.postings[b"pin"].typecode), ("Q", "I"))
         self.assertIsInstance(index.dense[b"big"], array.array)
-        self.assertEqual(paths, {"one", "filter", "common"})
+        self.assertEqual(paths, {"rare", "one byte", "each place"})
         matched, best = index.search(["needle", "big"])
         self.assertEqual((matched, best[:2], sorted(best[2:])), (7, [(85, 1 + (1 << 18)), (86, 70001)],
                                                                  [(i, 3) for i in range(80, 85)]))
 
-    def test_a_search_asked_during_the_build_is_answered_early_and_exactly(self):
-        class AnswersEarly(vm.SearchIndex):
-            early = 0
-
-            def _build(self):                 # starts only once a search waits, so that search is early
-                while not self._asked:
-                    time.sleep(0.001)
-                super()._build()
-
-            def _early(self, *args):
-                self.early += 1
-                return super()._early(*args)
-        rng = random.Random(2)
-        texts = [" ".join(rng.choices(["a", "b", "c", "d", "e%d" % i], k=20)) for i in range(300)]
-        self.check_against_scan(texts, ["a", "b"], rng, queries=1)
-        records = read(os.path.join(self.tools.snapshot.root, "records.jsonl"))
-        for query in (["a"], ["a", "b", "e7"], ["e1", "e2"]):
-            index = index_over(records, AnswersEarly)
-            early = index.search(query)
-            index._ready.wait()
-            self.assertEqual((index.early, early), (1, index.search(query)), query)
-        failing = AnswersEarly([None], [0], ["M-1"], b"", [0, 0])
-        with self.assertRaisesRegex(RuntimeError, r"could not be built \(TypeError\)"):
-            failing.search(["a"])             # asked, then released by the failure: no hang
-
-    def test_a_client_that_keeps_searching_does_not_hold_the_build_back(self):
-        # a search asked again the moment it is answered, all through the build: after each early answer the
-        # build indexes an eighth of the records left before it answers the next, and every answer is exact
-        class KeepsAsking(vm.SearchIndex):
-            def _between(self, postings, blocks, done):
-                if not self._asked:           # as the stdio loop does: the next search once one is answered
-                    self._asked.append([[b"a", b"b"], 10, threading.Event(), None])
-                super()._between(postings, blocks, done)
-
-            def _early(self, *args):
-                answer = super()._early(*args)
-                answers.append((args[-1], answer))
-                return answer
-        rng, answers = random.Random(4), []
-        self.check_against_scan([" ".join(rng.choices("abcd", k=5)) for _ in range(600)], ["a", "b"], rng, queries=1)
-        index = index_over(read(os.path.join(self.tools.snapshot.root, "records.jsonl")), KeepsAsking)
-        index.start()
-        index._ready.wait()
-        dones = [done for done, _ in answers]
-        self.assertEqual(dones[0], 600)       # the first answer comes at once, as the first block gives way to spans
-        self.assertEqual(dones[1:], [min(done - 1, done - done // 8) for done in dones[:-1]])
-        self.assertLess(len(dones), 60)       # one answer a record would be 600 answers
-        self.assertEqual([answer for _, answer in answers], [index._lookup([b"a", b"b"], 10)] * len(answers))
-
     def test_a_word_two_to_the_18_times_in_one_record_gets_64_bit_keys(self):
-        records = [{"statement": " ".join(["a"] * (1 << 18)), "topic": "t", "evidence": [{"quote": "q"}]},
-                   {"statement": "a b", "topic": "t", "evidence": [{"quote": "q"}]}]
-        probe = text_index(records, EarlyAnswers, [["a"], ["b", "a"]])
-        probe.start()
-        probe._ready.wait()
-        self.assertIsNone(probe.failure)
-        self.assertEqual(probe.postings[b"a"].typecode, "Q")
-        self.assertEqual(probe.search(["a"]), (2, [(0, 1 << 18), (1, 1)]))
-        self.assertEqual(probe.early, [[probe._lookup([b"a"], 10), probe._lookup([b"b", b"a"], 10)]])
+        records = [text_record(" ".join(["a"] * (1 << 18))), text_record("a b")]
+        index = text_index(records)
+        self.assertEqual(index.search(["a"]), (2, [(0, 1 << 18), (1, 1)]))
+        self.assertEqual(index.postings[b"a"].typecode, "Q")
+        self.assertEqual(index.search(["b", "a"]), scan(records, ["b", "a"]))
 
-    def test_an_early_answer_folds_every_text_for_a_non_ascii_word(self):
-        # a non-ASCII word cannot be looked for in the unfolded bytes ('ÉTÉ' holds 'été' once folded): only the
-        # query's ASCII words may pass a text over
-        # (300 records: the first block is still unfolded when the early answers are taken)
-        statements = ["Émile ÉTÉ", "x été", "émile y"] + ["z"] * 297
-        records = [text_record(text) for text in statements]
-        probe = text_index(records, EarlyAnswers, [["été"], ["émile", "été"], ["t", "été"]])
-        probe.start()
-        probe._ready.wait()
-        self.assertIsNone(probe.failure)
-        expected = [probe._lookup([w.encode() for w in query], 10) for query in (["été"], ["émile", "été"], ["t", "été"])]
-        self.assertEqual(expected[0][0], 2)
-        self.assertEqual(probe.early, [expected] * 3)
+    def test_random_texts_of_every_kind_of_character(self):
+        # words that only NFKC and case folding make equal, separators beyond ASCII, dates that tie: the index
+        # answers what the scan of the records answers
+        rng = random.Random(12)
+        alphabet = ("aAbB k_1 -.\n\u00df\ufb01\u00bd\uff41\U0001d41a\u212a\u017f\u0130\u0301\u00e9\u00c9\u03a3"
+                    "\u03c2\u0434\U0001f600\u00a0\u2028\u3000")
+        for _ in range(6):
+            records = [text_record("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))))
+                       for _ in range(rng.choice((40, 200)))]
+            dates = [rng.randrange(5) for _ in records]
+            index = text_index(records, dates)
+            vocabulary = sorted({w for record in records for w in reference_words(vm.search_text(record))})
+            for _ in range(60):
+                query = list(dict.fromkeys(rng.sample(vocabulary, min(len(vocabulary), rng.randint(1, 3)))))
+                self.assertEqual(index.search(query), scan(records, query, dates), query)
+            self.assertEqual(index.search(["zzz"]), (0, []))
 
-    def test_a_failed_early_answer_releases_its_search(self):
-        class FailsEarly(vm.SearchIndex):
-            def _build(self):                 # starts only once a search waits, so that search is early
-                while not self._asked:
-                    time.sleep(0.001)
-                super()._build()
+    def test_a_search_asked_during_the_build_waits_for_it(self):
+        # the first search may come while the index is being built: it waits, and gets the index's answer
+        building, release = threading.Event(), threading.Event()
 
-            def _early(self, *args):
-                raise MemoryError
-        index = text_index([text_record("a b")] * 3, FailsEarly)
-        outcome = []
-
-        def ask():
-            try:
-                index.search(["a"])
-            except RuntimeError as e:
-                outcome.append(str(e))
-        asker = threading.Thread(target=ask, daemon=True)
+        class Slow(vm.SearchIndex):
+            def _record(self, i):
+                building.set()
+                release.wait(10)
+                return super()._record(i)
+        index = text_index([text_record("a b"), text_record("b c"), text_record("a a")], index_class=Slow)
+        answers = []
+        asker = threading.Thread(target=lambda: answers.append(index.search(["a"])), daemon=True)
         asker.start()
+        self.assertTrue(building.wait(10))
+        self.assertEqual(answers, [])             # still waiting while the records are read
+        release.set()
         asker.join(10)
-        self.assertFalse(asker.is_alive(), "a search asked before a failed early answer hangs")
-        self.assertEqual(outcome, ["the search index could not be built (MemoryError)"])
+        self.assertEqual(answers, [(2, [(2, 2), (0, 1)])])
 
-    def test_a_block_of_texts_is_read_from_records_jsonl_where_its_line_holds_them_as_they_are(self):
-        # the index thread swaps a block's texts for spans of records.jsonl: read back, they must be the same
-        # bytes however the JSON was written (escapes, \\u forms, key order, a text also in other lines)
-        rng = random.Random(5)
-        alphabet = 'ab \u00e9\U0001f600"\\\n\t/\u2028\x7f<>&'
-        for ensure_ascii, sort_keys in ((False, False), (True, False), (False, True)):
-            records = [{"statement": "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))),
-                        "topic": rng.choice(["t", "a b", "\u00e9"]),
-                        "evidence": [{"quote": rng.choice(["q", "ab", "a\\b"])}] * rng.randint(1, 3)}
-                       for _ in range(300)]
-            lines = [json.dumps(record, ensure_ascii=ensure_ascii, sort_keys=sort_keys).encode() + b"\n"
-                     for record in records]
-            data, offsets = b"".join(lines), [0] + list(itertools.accumulate(map(len, lines)))
-            for first in (0, vm.BLOCK_RECORDS):
-                texts = vm._block_bytes(vm._text_block(records[first:first + vm.BLOCK_RECORDS]), b"")
-                self.assertEqual(texts.split(vm.TEXT_BREAK),
-                                 [search_text(record).encode() for record in records[first:first + vm.BLOCK_RECORDS]])
-                spans = vm._spans(texts, data, offsets[first:])
-                self.assertEqual(vm._block_bytes(spans, data), texts)
-                pieces = texts.split(b"\n")
-                kept = [piece for piece, start in zip(pieces, spans[0]) if start < 0]
-                self.assertEqual(spans[2], b"".join(kept))          # only what records.jsonl cannot give
-                self.assertEqual(kept.count(vm.TEXT_BREAK), texts.count(vm.TEXT_BREAK))
-                for piece, start in zip(pieces, spans[0]):
-                    text = piece.decode("utf-8", "replace")          # TEXT_BREAK decodes to U+FFFD, kept
-                    if json.dumps(text, ensure_ascii=ensure_ascii)[1:-1] == text and piece != vm.TEXT_BREAK:
-                        self.assertGreaterEqual(start, 0, piece)    # written as it is: read from its line
 
-    def test_an_early_answer_folds_every_text_that_may_hold_the_words(self):
-        # without folding, a text is passed over only when an ASCII word is not a whole word of its bytes read
-        # loosely and none of its characters folds into a letter of the words; every text whose folded words
-        # hold them all is kept
-        rng, skipped = random.Random(11), 0
-        alphabet = ("aAbBkKsSiIe1 _-.\n\u00df\ufb01\u00bd\u2116\uff45\uff2b\U0001d41e\u212a\u017f\u0130\u01c6"
-                    "\u0301\u0307\u0338\u00e9\u00c5\u03a3\u0434\U0001f600\u2044\u00a0\u249c\u2474\u200b")
-        for _ in range(40):
-            texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(50)]
-            block = vm._block_bytes(vm._text_block([text_record(text) for text in texts]), b"")
-            words = [vm.search_words(text) for text in texts]
-            vocabulary = sorted({w for ws in words for w in ws if w.isascii()}) + ["k", "ss", "fi", "zz"]
-            for _ in range(20):
-                query = [w.encode() for w in rng.sample(vocabulary, rng.randint(1, 2))]
-                kept, folded = vm._candidates(block, query)
-                holds = [all(w.decode() in ws for w in query) for ws in words]
-                self.assertEqual([k for k, h in zip(kept, holds) if h and not k], [], (texts, query))
-                self.assertEqual(folded, [vm._folded(search_text(text_record(text)).encode())
-                                          for text, k in zip(texts, kept) if k])
-                skipped += len(kept) - sum(kept)
-        self.assertGreater(skipped, 2000)         # and texts are passed over unfolded
 
-    def test_no_character_normalises_or_folds_to_nothing(self):
-        # an early answer reads two ASCII characters that are next to each other in a text as next to each
-        # other once it is folded: nothing between them can vanish
-        chars = map(chr, range(0x110000))
-        self.assertEqual([c for c in chars if not unicodedata.normalize("NFKC", c) or not c.casefold()], [])
-
-    def test_an_early_answer_passes_over_texts_that_hold_a_word_only_inside_another(self):
-        texts = ["abab", "Xab-", "ab\u00a0ab", "\uff41b", "a\u0301b ab", "ba_ab", "\u00dfab", "\u249cb", "\u00dfa b",
-                 "ab"]
-        block = vm._block_bytes(vm._text_block([text_record(text) for text in texts]), b"")
-        kept, _ = vm._candidates(block, [b"ab"])
-        # a byte other than ASCII may end a word once folded; fullwidth a and the parenthesised a yield an a
-        # of the word, while sharp s yields ss, which it has not
-        self.assertEqual(kept, [False, False, True, True, True, False, True, True, False, True])
-        self.assertEqual(["ab" in vm.search_words(text) for text in texts],
-                         [False, False, True, True, True, False, False, False, False, True])
-
+class TestSearchWords(unittest.TestCase):
     def test_case_folding_one_character_at_a_time_is_exact(self):
-        # search folds each distinct non-ASCII character on its own: exact because str.casefold() has no
-        # context and every character it yields folds to itself, in this Python's Unicode data
+        # search folds the ASCII capitals with bytes.lower() and each distinct other character on its own: exact
+        # because str.casefold() has no context, and every character a fold yields folds to itself (a character
+        # that one fold brings in is left as it is by the next), in this Python's Unicode data
         changed = [chr(code) for code in range(0x110000) if chr(code).casefold() != chr(code)]
         self.assertEqual([char for char in set("".join(map(str.casefold, changed))) if char.casefold() != char], [])
-        for k in range(0, len(changed), 25):
-            text = "A" + "x ".join(changed[k:k + 25]) + "\u0345" + "".join(changed[k:k + 25]) + "\u0301"
-            self.assertEqual(vm.search_words(text), reference_words(text), repr(text))
+        rng = random.Random(3)
+        pool = changed + list("aZ_ 9\u03c3\u03c2\u0345\u0301")
+        for _ in range(2000):
+            text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 12)))
+            self.assertEqual(text.casefold(), "".join(char.casefold() for char in text), repr(text))
 
-    def test_no_ascii_character_composes_with_another(self):
-        # search reads a text whose other characters than ASCII are, alone, in NFKC with no combining mark, as a
-        # text in NFKC: exact while no canonical composition pairs an ASCII character with another starter (a
-        # character of combining class 0) or with anything after it, in this Python's Unicode data
-        pairs = []
-        for code in range(0x110000):
-            parts = unicodedata.decomposition(chr(code)).split()
-            if len(parts) == 2 and not parts[0].startswith("<"):
-                first, second = (chr(int(part, 16)) for part in parts)
-                pairs.append((first, second))
-        self.assertGreater(len(pairs), 900)
-        self.assertEqual([(a, b) for a, b in pairs if a.isascii() and not unicodedata.combining(b) or b.isascii()], [])
-        # and what an ASCII letter, digit or _ composes into is a letter or digit: an early answer reads the
-        # ASCII word characters beside a word's letters as the folded text's
-        word_character = re.compile(r"\w", re.ASCII)
-        composed = [unicodedata.normalize("NFC", a + b) for a, b in pairs if word_character.fullmatch(a)]
-        self.assertGreater(len(composed), 300)
-        self.assertEqual([char for char in composed if not char.isalnum()], [])
+    def test_characters_that_fold_or_part_words(self):
+        # every character that case folding changes, and every character beyond ASCII that is not a word
+        # character (each is made a space in the UTF-8 on its own), inside words and between them
+        changed = [chr(code) for code in range(0x110000) if chr(code).casefold() != chr(code)]
+        separators = [chr(code) for code in range(128, 0x110000) if not chr(code).isalnum()]
+        for characters in (changed, separators[::5]):
+            for k in range(0, len(characters), 25):
+                some = characters[k:k + 25]
+                text = "A" + "x ".join(some) + "\u0345" + "".join(some) + "\u0301"
+                self.assertEqual(vm.search_words(text), reference_words(text), repr(text))
         for text in ("e\u0301", "a\u1100\u1161", "\u1100a\u1161", "\u1100\u1161", "x\u0f73", "\uac00\u11a8 e",
-                     "A\u212b", "\u00c5\u0327x", "fi\ufb01", "I\u0307"):
+                     "A\u212b", "\u00c5\u0327x", "fi\ufb01", "I\u0307", "<\u0338a", "a\u0338=b"):
             self.assertEqual(vm.search_words(text), reference_words(text), repr(text))
 
     def test_search_words_is_the_regular_expression(self):
@@ -1782,7 +1682,7 @@ class TestSourceWarnings(unittest.TestCase):
 class TestSearchIndexFailure(TempDirCase):
     def test_a_failed_index_build_is_a_tool_error_not_a_hang(self):
         snapshot = self.load(EXAMPLE)
-        snapshot.index = vm.SearchIndex([None], [0], ["M-1"], b"", [0, 0])   # reading None as a block: TypeError
+        snapshot.index = vm.SearchIndex(None, [0, 1], [0], ["M-1"])     # reading None as records: TypeError
         tools = vm.ToolServer(snapshot, lambda: NOW)
         self.assertEqual(tools.call("verified_memory_search", {"query": "garden"}),
                          (None, "verified-memory: the search index could not be built (TypeError); restart the server"))
@@ -1790,12 +1690,12 @@ class TestSearchIndexFailure(TempDirCase):
 
     def test_a_failure_after_the_records_are_read_is_reported_too(self):
         class RunsOutOfMemory(vm.SearchIndex):
-            def _densify(self, postings, size):
+            def _keep(self, postings):
                 raise MemoryError
         snapshot = self.load(EXAMPLE)
-        snapshot.index = index_over(read(os.path.join(EXAMPLE, "records.jsonl")), RunsOutOfMemory)
-        snapshot.index.start()
-        snapshot.index._ready.wait()
+        data = read(os.path.join(EXAMPLE, "records.jsonl"))
+        parsed = vm.parse_records(data)
+        snapshot.index = RunsOutOfMemory(data, parsed.offsets, parsed.dates, parsed.ids)
         self.assertEqual(vm.ToolServer(snapshot, lambda: NOW).call("verified_memory_search", {"query": "garden"}),
                          (None, "verified-memory: the search index could not be built (MemoryError); restart the "
                           "server"))
@@ -1899,14 +1799,13 @@ def compact(value):
 
 
 class TestReplyEncoding(TempDirCase):
-    """Search matches are cut from record lines written as json.dumps writes them, and tool replies are spliced
-    from the payload's bytes: every reply must still be exactly the compact JSON of its objects, whatever form
-    the pack's lines take."""
+    """Every reply is the compact JSON of its objects, and a search match is its record's fields as the verified
+    line holds them, whatever form the pack's lines take (escapes, spaces, key order, metadata)."""
 
     TEXT = "Plot 7/b: \"quoted\" back\\slash\ttab\nline \x00\x1f\x7f é ß 東京 🌱 \u2028 end"
 
     def variants(self, text=TEXT, name="a"):
-        """(record line, in json.dumps's own form?) for one record written many ways."""
+        """One record's line written many ways, each with its own record ID."""
         citation = {"message_id": 2, "date_utc": "2026-02-14T18:12:00Z", "quote": text, "start": 0,
                     "end": len(text), "message_sha256": "ab" * 32}
         base = {"record_id": "M-a", "role": "user", "speaker": "Inès", "category": "people", "topic": "Plots",
@@ -1917,53 +1816,51 @@ class TestReplyEncoding(TempDirCase):
         reordered = dict(reversed(list(base.items())))
         swapped = dict(base, evidence=[dict(reversed(list(citation.items())))])
         forms = [
-            (canonical, True),
-            (record_line(metadata), True),                                  # metadata after the fields: cut
-            (record_line(dict(provenance={"x": 1}, **base)), False),        # metadata first
-            (json.dumps(base, ensure_ascii=False), False),                  # spaces
-            (json.dumps(base, separators=(",", ":")), False),               # \\u00e9 and surrogate pairs
-            (record_line(reordered), False),
-            (record_line(swapped), False),
-            (canonical.replace("/", "\\/"), False),
-            (canonical.replace("\\t", "\\u0009"), False),
-            (canonical.replace("\\u001f", "\\u001F"), False),
-            (canonical.replace("18:12", "18\\u003a12", 1), False),
-            (canonical.replace('"start":0', '"start":-0'), False),
-            (canonical.replace('"role":"user"', '"role":"\\u0075ser"'), False),
-            (canonical.replace('"record_id":"M-a"', '"record_id":"M\\u002da"'), False),
-            (canonical[:-1] + ' }', True),
+            canonical,
+            record_line(metadata),                                          # metadata after the fields
+            record_line(dict(provenance={"x": 1}, **base)),                 # metadata first
+            json.dumps(base, ensure_ascii=False),                           # spaces
+            json.dumps(base, separators=(",", ":")),                        # \\u00e9 and surrogate pairs
+            record_line(reordered),
+            record_line(swapped),
+            canonical.replace("/", "\\/"),
+            canonical.replace("\\t", "\\u0009"),
+            canonical.replace("\\u001f", "\\u001F"),
+            canonical.replace("18:12", "18\\u003a12", 1),
+            canonical.replace('"start":0', '"start":-0'),
+            canonical.replace('"role":"user"', '"role":"\\u0075ser"'),
+            canonical.replace('"record_id":"M-a"', '"record_id":"M\\u002da"'),
+            canonical[:-1] + ' }',
         ]
-        forms = [(line, fast) for k, (line, fast) in enumerate(forms) if k == 0 or line != canonical]   # no no-ops
-        named = [(line.replace('"M-a"', '"M-%s%d"' % (name, k), 1), fast) for k, (line, fast) in enumerate(forms)]
-        return [(line.replace('"M\\u002da"', '"M\\u002d%s%d"' % (name, k)), fast)
-                for k, (line, fast) in enumerate(named)]
+        forms = [line for k, line in enumerate(forms) if k == 0 or line != canonical]     # no no-ops
+        named = [line.replace('"M-a"', '"M-%s%d"' % (name, k), 1) for k, line in enumerate(forms)]
+        return [line.replace('"M\\u002da"', '"M\\u002d%s%d"' % (name, k)) for k, line in enumerate(named)]
 
-    def test_matches_equal_the_encoding_of_their_records(self):
+    def test_matches_are_their_records_fields_whatever_form_the_lines_take(self):
         pack = self.copy_pack()
-        variants = self.variants("Plain words 7 é 🌱", "p")
-        variants += self.variants()
-        write(os.path.join(pack, "records.jsonl"), "".join(line + "\n" for line, _ in variants))
+        variants = self.variants("Plain words 7 é 🌱", "p") + self.variants()
+        write(os.path.join(pack, "records.jsonl"), "".join(line + "\n" for line in variants))
         reseal(pack)
         tools = vm.ToolServer(self.load(pack), lambda: NOW)
-        plain = [b"\\" not in line.encode() for line, _ in variants]
-        spliced = [(p, bool(vm._canonical_match(p).match(line.encode()))) for p, (line, _) in zip(plain, variants)]
-        self.assertEqual(spliced[:3] + spliced[-3:], [(True, True), (True, True), (True, False), (False, False),
-                                                      (False, False), (False, True)])
-        self.assertEqual([fast for _, fast in spliced], [fast for _, fast in variants])
-        for i, (line, _) in enumerate(variants):
+        for i, line in enumerate(variants):
             record = json.loads(line)
             expected = dict({field: record[field] for field in vm.RECORD_FIELDS}, occurrences=7)
-            self.assertEqual(tools.match_json(i, 7), compact(expected), line)
+            match = tools.match(i, 7)
+            self.assertEqual((match, list(match)), (expected, list(expected)), line)
+        records = {record["record_id"]: record for record in map(json.loads, variants)}
         for query, matched in (("tab 東京", len(self.variants())), ("plots", len(variants))):
-            payload, error = tools.call_json("verified_memory_search", {"query": query})
+            payload, error = tools.call("verified_memory_search", {"query": query})
             self.assertIsNone(error)
-            self.assertEqual(payload, compact(json.loads(payload)))
-            self.assertEqual(json.loads(payload)["matched"], matched)
+            self.assertEqual(payload["matched"], matched)
+            for match in payload["matches"]:
+                record = records[match["record_id"]]
+                fields = {field: record[field] for field in vm.RECORD_FIELDS}
+                self.assertEqual(match, dict(fields, occurrences=match["occurrences"]))
 
     def test_replies_are_the_compact_json_of_their_objects(self):
         pack = self.copy_pack()
         lines = read(os.path.join(pack, "records.jsonl")).decode().splitlines()
-        extra = [line for line, _ in self.variants()]
+        extra = self.variants()
         write(os.path.join(pack, "records.jsonl"), "".join(line + "\n" for line in lines + extra))
         reseal(pack)
         snapshot = self.load(pack)
@@ -5198,6 +5095,26 @@ class TestCheckPayeeTool(PayeeCase):
         self.assertFalse(vm.mentions_account("KBCD1", "\u212aBCD1"))                               # Kelvin sign K
         self.assertFalse(vm.mentions_account("SS123", "\u017fs123"))                              # long s
 
+    def test_mentions_are_the_accounts_characters_between_token_bounds(self):
+        # the rule, as a regular expression made for each account: its characters in order, any case, with only
+        # runs of spaces or hyphens between them, and no ASCII letter or digit right before or after
+        def reference(account, text):
+            spelled = "[ -]*".join("[%s%s]" % (c, c.lower()) if c.isalpha() else c for c in account)
+            return re.search("(?<![A-Za-z0-9])%s(?![A-Za-z0-9])" % spelled, text) is not None
+        rng = random.Random(14)
+        alphabet = ["A", "b", "B", "1", "2", " ", "-", "--", ".", "\n", "_", "\u00df", "\u212a", "\u0131", "\U0001f331"]
+        accounts = ["AB12", "B1B2", "12AB", "A1", "BB", "1221", "KA1", "SS12"]
+        found = 0
+        for _ in range(4000):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+            spellings = vm.AccountSpellings([text, "x"])
+            for account in accounts:
+                expected = reference(account, text)
+                self.assertEqual(vm.mentions_account(account, text), expected, (account, text))
+                self.assertEqual(spellings.spell(account), expected, (account, text))
+                found += expected
+        self.assertGreater(found, 300)
+
     def test_the_index_decides_like_judge_payee_over_every_fact(self):
         self.check("x", IBAN_DE)
         facts = sorted({fact for facts in self.tools.payees.by_account.values() for fact in facts})
@@ -5210,12 +5127,11 @@ class TestCheckPayeeTool(PayeeCase):
                 self.assertEqual((payload["reason"], [r["record_id"] for r in payload["records"]]),
                                  (reason, [fact.record_id for _, fact in related]), (name, account))
 
-    def test_accounts_with_fewer_than_four_digits_parse_only_candidate_records(self):
-        # no four-digit group to look up: the candidates are the records whose line holds the account once spaces
-        # and hyphens are dropped (ASCII upper case), or holds an escape (\\u); before, every record was parsed
-        # (0.4-0.65 s a check on a 16 MB pack). The mentions are those of reading every record.
+    def test_mentions_are_those_of_reading_every_record(self):
+        # only the records whose quotes hold the account's digits, run together, are read for mentions; the
+        # mentions are those of reading every record, escapes in a line included
         quotes = ["pay abc-1 now", "pay A B C 1", "pay ABC12", "pay XABC1", "pay zz-9", "pay AB-C1 and ZZ9 too",
-                  "nothing here", "pay ABD1"]
+                  "nothing here", "pay ABD1", "a 1-b 2-c 3"]
         self.build([message(i, quote) for i, quote in enumerate(quotes, 1)],
                    [quote_record("M-%d" % i, i, quote) for i, quote in enumerate(quotes, 1)])
         snapshot = self.tools.snapshot
@@ -5226,7 +5142,10 @@ class TestCheckPayeeTool(PayeeCase):
         snapshot.offsets = [0] + [match.end() for match in re.finditer(b"\n", snapshot.records)]
         index = vm.PayeeIndex(snapshot)
         every = [snapshot.record(i) for i in range(len(lines))]
-        for account, expected in (("ABC1", {"M-1", "M-2", "M-6", "M-8"}), ("ZZ9", {"M-5", "M-6"}), ("Q1", set())):
+        with_one = {"M-1", "M-2", "M-3", "M-4", "M-6", "M-8", "M-9"}
+        for account, expected, candidates in (("ABC1", {"M-1", "M-2", "M-6", "M-8"}, with_one),
+                                              ("ZZ9", {"M-5", "M-6"}, {"M-5", "M-6"}), ("Q1", set(), with_one),
+                                              ("A1B2C3", {"M-9"}, {"M-9"}), ("A12", set(), {"M-3", "M-9"})):
             reference = sorted(({"record_id": r["record_id"], "date_last_utc": r["date_last_utc"],
                                  "speaker": r["speaker"], "evidence": [c for c in r["evidence"]
                                                                        if vm.mentions_account(account, c["quote"])]}
@@ -5234,6 +5153,7 @@ class TestCheckPayeeTool(PayeeCase):
             mentions = index.mentions(account, set())
             self.assertEqual(mentions, [m for m in reference if m["evidence"]], account)
             self.assertEqual({m["record_id"] for m in mentions}, expected, account)
+            self.assertEqual({every[i]["record_id"] for i in index.candidates(account)}, candidates, account)
 
     def test_many_records_are_capped_at_10_with_totals(self):
         messages = [message(i, "pay Fern Ltd 111000025 now", "2026-01-%02dT00:00:00Z" % i) for i in range(1, 15)]
@@ -7162,15 +7082,23 @@ for name in os.listdir(sys.argv[1]):
     if name == "records.jsonl":
         for line in data.split(b"\\n")[:-1]:
             json.loads(line)
+if sys.argv[2:] and os.path.exists("/proc/self/status"):
+    print([line for line in open("/proc/self/status") if line.startswith("VmHWM")][0].split()[1])
 """
 
 
-def _floor(pack):
+def _floor_and_peak(pack):
     """Spawn to exit of a fresh process doing what any verifier must: read every file, hash it,
-    json.loads each record line."""
+    json.loads each record line -> (seconds, its peak RSS in bytes or None where there is no /proc)."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _FLOOR_CODE, pack], check=True)
-    return time.perf_counter() - start
+    done = subprocess.run([sys.executable, "-c", _FLOOR_CODE, pack, "peak"], check=True, capture_output=True)
+    seconds = time.perf_counter() - start
+    return seconds, 1024 * int(done.stdout) if done.stdout.strip() else None
+
+
+def _floor(pack):
+    """Spawn to exit of the floor process (_floor_and_peak), in seconds."""
+    return _floor_and_peak(pack)[0]
 
 
 class _BenchClient:
@@ -7216,8 +7144,7 @@ _INDEXED_CODE = """import sys, time
 sys.path.insert(0, sys.argv[1])
 import verified_memory as vm
 snapshot = vm.load_pack(sys.argv[2], vm.TrustPolicy(), time.time_ns())
-snapshot.index.start()
-snapshot.index._ready.wait()
+snapshot.index.wait()
 """
 
 
@@ -7239,18 +7166,6 @@ def _ready(pack, query, command=None):
     searched = time.perf_counter() - client.started
     client.close()
     return initialized, searched
-
-
-def _searching_without_pause(pack, query):
-    """Spawn a server and send `query` again the moment each answer comes, until one comes within 5 ms (the
-    index is complete) -> (seconds from spawn to that answer, the wait of every search)."""
-    client, waits = _BenchClient(pack), []
-    client.send("initialize", initialize()["params"])
-    while not waits or waits[-1] > 0.005:
-        waits.append(client.search(query)[1])
-    searched = time.perf_counter() - client.started
-    client.close()
-    return searched, waits
 
 
 def _scan_data(pack):
@@ -7324,9 +7239,11 @@ def _bench_pack(label, pack, bytecode):
              "rare": next(text for kind, text in queries if kind == "rare")}
     # 7 rounds, each timing the floor right before the server: each ratio is taken within its round and the
     # median of the 7 is shown, so that a machine whose speed drifts between rounds moves both sides alike
-    floors, ready = [], []
+    floors, floor_peaks, ready = [], [], []
     for _ in range(7):
-        floors.append(_floor(pack))
+        seconds, floor_peak = _floor_and_peak(pack)
+        floors.append(seconds)
+        floor_peaks.append(floor_peak)
         ready.append(_ready(pack, first["4 common"]) + _ready(pack, first["rare"])[1:] + (_indexed(pack),)
                      + _ready(pack, first["4 common"], bytecode))
     initialized, common, rare, indexed, wheel_initialized, wheel_common = (_median([r[k] for r in ready])
@@ -7337,20 +7254,15 @@ def _bench_pack(label, pack, bytecode):
           "ratio below is the median of the 7 rounds' own ratios)" % _median(floors))
     print("    spawn -> initialize answered      %.3f s   %.2fx the floor   (goal <= 2x)" % (initialized, initialized_x))
     for label, seconds, ratio in (("4 common words", common, common_x), ("a rare word", rare, rare_x)):
-        print("    spawn -> first search answered    %.3f s   %.2fx the floor   (goal <= 3x; %s, sent right after "
-              "initialize)" % (seconds, ratio, label))
-    print("    spawn -> whole index built        %.3f s   %.2fx the floor   (a search asked before is answered from "
-          "the texts)" % (indexed, indexed_x))
+        print("    spawn -> first search answered    %.3f s   %.2fx the floor   (goal <= 6x; %s, sent right after "
+              "initialize: it waits for the index)" % (seconds, ratio, label))
+    print("    spawn -> whole index built        %.3f s   %.2fx the floor   (in a process of its own)"
+          % (indexed, indexed_x))
     print("      from cached bytecode (the wheel's command, which does not compile the file at start): initialize "
           "%.3f s %.2fx, first search (4 common words) %.3f s %.2fx" % (wheel_initialized, wheel_initialized_x,
                                                                        wheel_common, wheel_common_x))
-    searched, waits = _searching_without_pause(pack, first["4 common"])
-    print("    a client that searches without pause (4 common words) until the answer comes from the whole index: "
-          "%d searches, %.3f s from spawn (%.2fx the whole build alone); longest wait %.0f ms"
-          % (len(waits), searched, searched / indexed, max(waits) * 1e3))
     snapshot = vm.load_pack(pack, vm.TrustPolicy(), time.time_ns())
-    snapshot.index.start()
-    snapshot.index._ready.wait()
+    snapshot.index.wait()
     client = _BenchClient(pack)
     client.send("initialize", initialize()["params"])
     time.sleep(max(1.0, 3 * indexed))         # round trips measure the finished index
@@ -7380,9 +7292,11 @@ def _bench_pack(label, pack, bytecode):
             row[3].append(expected[0])
     peak = client.peak_rss()
     client.close()
-    if peak:
-        print("    peak RSS (VmHWM) of the server    %.1f MiB   %.2fx records.jsonl   (goal <= 4x; run as a script, "
-              "as the bundle and a copied file run it)" % (peak / 2**20, peak / size))
+    floor_peak = _median(floor_peaks) if None not in floor_peaks else None
+    if peak and floor_peak:
+        print("    peak RSS (VmHWM) of the server    %.1f MiB   %.2fx the floor process's own (%.1f MiB)   (goal <= 1x; "
+              "run as a script, as the bundle and a copied file run it)" % (peak / 2**20, peak / floor_peak,
+                                                                            floor_peak / 2**20))
         wheel = _BenchClient(pack, bytecode)  # the same, imported from bytecode: no compiler memory held
         wheel.send("initialize", initialize()["params"])
         time.sleep(max(1.0, 3 * indexed))
@@ -7392,12 +7306,12 @@ def _bench_pack(label, pack, bytecode):
         bare = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"], capture_output=True,
                               text=True).stdout
         bare_peak = 1024 * int(re.search(r"VmHWM:\s*(\d+)", bare).group(1))
-        print("      from cached bytecode (the wheel's command) %.1f MiB   %.2fx; python3 -c pass alone %.1f MiB "
-              "(the interpreter and the .pth files of its site-packages)" % (wheel_peak / 2**20, wheel_peak / size,
-                                                                            bare_peak / 2**20))
+        print("      from cached bytecode (the wheel's command) %.1f MiB   %.2fx the floor's; python3 -c pass alone "
+              "%.1f MiB (the interpreter and the .pth files of its site-packages)"
+              % (wheel_peak / 2**20, wheel_peak / floor_peak, bare_peak / 2**20))
     print("    search, each query's median of 5 passes over all the queries, in ms (goals: round trip p99 <= 1 ms for "
           "every kind;\n"
-          "    index >= 30x a prepared linear scan, as the ratio of total times, for every kind)")
+          "    index >= 20x a prepared linear scan, as the ratio of total times, for every kind)")
     print("      %-13s %7s %13s %17s %17s %9s %9s" % ("kind", "queries", "matched", "round trip p50/p99",
                                                      "index p50/p99", "scan p50", "vs scan"))
     for kind, (trips, index_times, scans, matched) in rows.items():
@@ -7576,8 +7490,7 @@ def _bench_payee(tmp, max_pack):
                         ("maximal pack, 1,000 payee facts, an IBAN in every record",
                          _payee_pack(max_pack, os.path.join(tmp, "payees")))):
         snapshot = vm.load_pack(pack, vm.TrustPolicy(), time.time_ns())
-        snapshot.index.start()
-        snapshot.index._ready.wait()
+        snapshot.index.wait()
         session = vm.McpSession(vm.ToolServer(snapshot, time.time_ns))
         session.handle_line(json.dumps(initialize()).encode())
         start = time.perf_counter()
@@ -7613,6 +7526,31 @@ def _bench_payee(tmp, max_pack):
                  _percentile(check_times, 50) / _percentile(get_times, 50)))
 
 
+def payee_heavy_pack(folder, field="payee", records=8400, facts=16):
+    """The issue's payee-heavy shape -> path, deterministic: `records` records (about 16 MB) of `facts` payee facts
+    each, a name and a valid IBAN that the record's one quote lists; with `field` another name, the same bytes,
+    the facts an ordinary metadata field that no payee check reads."""
+    lines = []
+    for i in range(records):
+        payees = [{"name": "Firm %d" % ((i * facts + k) % 4099), "account": _bench_iban(i * facts + k)}
+                  for k in range(facts)]
+        quote = "; ".join("%s: %s" % (p["name"], " ".join(p["account"][j:j + 4] for j in range(0, 22, 4)))
+                          for p in payees)
+        day = "2026-%02d-%02dT10:00:00Z" % (1 + i % 12, 1 + i % 28)
+        lines.append(record_line({
+            "record_id": "M-pay-%05d" % i, "role": "user", "speaker": "Ana", "category": "payments",
+            "topic": "suppliers", "statement": "pay the suppliers", "date_first_utc": day, "date_last_utc": day,
+            "evidence": [{"message_id": i + 1, "date_utc": day, "quote": quote, "start": 0, "end": len(quote),
+                          "message_sha256": hashlib.sha256(quote.encode()).hexdigest()}],
+            field: payees}))
+    os.makedirs(folder)
+    for name, blob in (("records.jsonl", "\n".join(lines) + "\n"), ("MEMORY.md", "# Bench\n"),
+                       ("README.md", "# Payee bench\n")):
+        write(os.path.join(folder, name), blob)
+    reseal(folder)
+    return folder
+
+
 def _one_record_changed(source, folder):
     """A copy of `source` whose first record has a new statement, resealed."""
     shutil.copytree(source, folder)
@@ -7624,6 +7562,43 @@ def _one_record_changed(source, folder):
     write(path, "\n".join(lines) + "\n")
     reseal(folder)
     return folder
+
+
+def _spawn_to_answers(pack, *requests):
+    """Spawn a server -> seconds from spawn to the initialize answer and to the answer of each request sent after
+    it, one at a time."""
+    client = _BenchClient(pack)
+    client.send("initialize", initialize()["params"])
+    times = [time.perf_counter() - client.started]
+    for method, params in requests:
+        result = client.send(method, params)[0]
+        assert not result.get("isError"), result
+        times.append(time.perf_counter() - client.started)
+    client.close()
+    return times
+
+
+def _bench_payee_heavy(tmp, rounds=5):
+    """The issue's payee-heavy shape: spawn -> initialize against the same bytes without payee checks, and spawn
+    -> first check_payee against the pack's own spawn -> initialize (goals: both within 3x)."""
+    pack = payee_heavy_pack(os.path.join(tmp, "payee-heavy"))
+    plain = payee_heavy_pack(os.path.join(tmp, "payee-heavy-as-metadata"), field="payer")
+    record = json.loads(read(os.path.join(pack, "records.jsonl")).split(b"\n")[3])
+    check = ("tools/call", {"name": PAYEE, "arguments": {"payee": record["payee"][5]["name"],
+                                                          "account": record["payee"][5]["account"]}})
+    ratios = []
+    for _ in range(rounds):                  # the two packs in turn: a drift of the machine moves both alike
+        plain_init = _spawn_to_answers(plain)[0]
+        init, checked = _spawn_to_answers(pack, check)
+        ratios.append((plain_init, init, checked, init / plain_init, checked / init))
+    size = os.path.getsize(os.path.join(pack, "records.jsonl"))
+    print("\n  payee-heavy pack: 8,400 records x 16 payee facts, records.jsonl %d bytes (median of %d rounds, each "
+          "ratio within its round)" % (size, rounds))
+    print("    spawn -> initialize, payee facts as metadata (no checks)  %.3f s" % _median([r[0] for r in ratios]))
+    print("    spawn -> initialize, payee facts checked                  %.3f s   %.2fx   (goal <= 3x)"
+          % (_median([r[1] for r in ratios]), _median([r[3] for r in ratios])))
+    print("    spawn -> first check_payee answered                       %.3f s   %.2fx its initialize   (goal <= 3x)"
+          % (_median([r[2] for r in ratios]), _median([r[4] for r in ratios])))
 
 
 def _bench_diff(tmp, max_pack, runs=5):
@@ -7653,16 +7628,6 @@ def _bench_diff(tmp, max_pack, runs=5):
         print("    %-48s load both %.2f s; diff %.2f s (%.1f MB of text, %d payee changes): %.2fx"
               % (label, load, whole, len(text.encode()) / 1e6, text.count("account changed") +
                  text.count("account added") + text.count("account removed"), whole / load))
-
-
-def bench_diff():
-    """Only the diff part of the bench: python3 test_verified_memory.py bench diff."""
-    tmp = tempfile.mkdtemp(prefix="vm-bench-")
-    try:
-        pack, _ = make_max_pack(os.path.join(tmp, "uniform"))
-        _bench_diff(tmp, pack)
-    finally:
-        shutil.rmtree(tmp, True)
 
 
 def _bench_sandbox(example, pack, queries, runs=9, passes=3):
@@ -7828,27 +7793,55 @@ def _bench_export(tmp):
         maker.stderr.close()
 
 
-def bench():
-    """Print the issue's benchmark tables: every number next to a baseline from this same run."""
+BENCH_PARTS = ("ed25519", "cold", "chat", "uniform", "sandbox", "build", "payee", "diff", "payee-heavy", "export")
+
+
+def bench(parts=BENCH_PARTS):
+    """Print the issue's benchmark tables: every number next to a baseline from this same run. `parts`: which of
+    BENCH_PARTS to run (`python3 test_verified_memory.py bench chat payee-heavy` runs two)."""
     tmp = tempfile.mkdtemp(prefix="vm-bench-")
     try:
         print("verified_memory.py bench, Python %s, load average %s" % (sys.version.split()[0],
               " ".join("%.2f" % x for x in os.getloadavg())))
-        _bench_ed25519(tmp)
-        cold = _cold_start(tmp, EXAMPLE)
-        print("  cold start to initialize answer (example pack; goal <= 2x python3 -c pass, %.1f ms):"
-              % (cold["bare"] * 1e3))
-        print("    as a script (compiled at every start)     %7.1f ms   %.2fx" % (cold["script"] * 1e3,
-                                                                              cold["script"] / cold["bare"]))
-        print("    from cached bytecode (the wheel's script)  %7.1f ms   %.2fx" % (cold["bytecode"] * 1e3,
-                                                                               cold["bytecode"] / cold["bare"]))
-        print("    python3 -c 'import' of its %d top-level standard modules, nothing else: %.1f ms   %.2fx"
-              % (len(_top_level_imports()), cold["imports"] * 1e3, cold["imports"] / cold["bare"]))
-        _bench_pack("chat (Zipf English words, codes, non-ASCII, metadata)", make_chat_pack(os.path.join(tmp, "chat")),
-                    _bytecode_command(tmp))
-        pack, vocabulary = make_max_pack(os.path.join(tmp, "uniform"))
+        if "ed25519" in parts:
+            _bench_ed25519(tmp)
+        if "cold" in parts:
+            _bench_cold_start(tmp)
+        if "chat" in parts:
+            _bench_pack("chat (Zipf English words, codes, non-ASCII, metadata)",
+                        make_chat_pack(os.path.join(tmp, "chat")), _bytecode_command(tmp))
+        if {"uniform", "sandbox", "build", "payee", "diff"} & set(parts):
+            _bench_uniform(tmp, parts)
+        if "payee-heavy" in parts:
+            _bench_payee_heavy(tmp)
+        if "export" in parts:
+            _bench_export(tmp)
+        print("  load average at the end: %s" % " ".join("%.2f" % x for x in os.getloadavg()))
+    finally:
+        shutil.rmtree(tmp, True)
+
+
+def _bench_cold_start(tmp):
+    """Cold start to the initialize answer, against `python3 -c pass`."""
+    cold = _cold_start(tmp, EXAMPLE)
+    print("  cold start to initialize answer (example pack; goal <= 2x python3 -c pass, %.1f ms):"
+          % (cold["bare"] * 1e3))
+    print("    as a script (compiled at every start)     %7.1f ms   %.2fx" % (cold["script"] * 1e3,
+                                                                          cold["script"] / cold["bare"]))
+    print("    from cached bytecode (the wheel's script)  %7.1f ms   %.2fx" % (cold["bytecode"] * 1e3,
+                                                                           cold["bytecode"] / cold["bare"]))
+    print("    python3 -c 'import' of its %d top-level standard modules, nothing else: %.1f ms   %.2fx"
+          % (len(_top_level_imports()), cold["imports"] * 1e3, cold["imports"] / cold["bare"]))
+
+
+def _bench_uniform(tmp, parts):
+    """The parts run on the uniform maximal pack: its table, the sandbox, the builder, the payee check, diff."""
+    pack, vocabulary = make_max_pack(os.path.join(tmp, "uniform"))
+    if "uniform" in parts:
         _bench_pack("uniform (made-up words, 2 quotes each)", pack, _bytecode_command(tmp))
+    if "sandbox" in parts:
         _bench_sandbox(EXAMPLE, pack, [text.split() for _, text in _bench_queries(_scan_data(pack)[0])])
+    if "build" in parts:
         messages, records = _build_inputs(os.path.join(tmp, "input"), vocabulary)
         start = time.perf_counter()
         done = run("build", "--messages", messages, "--records", records, "--out", os.path.join(tmp, "built"),
@@ -7857,19 +7850,15 @@ def bench():
         assert done.returncode == 0, done.stderr
         print("\n  build 10,000 records (%d MB in; whole command incl. its own verify): %.2f s, %.1fx the floor"
               % ((os.path.getsize(messages) + os.path.getsize(records)) // 10**6, built, built / _floor(pack)))
+    if "payee" in parts:
         _bench_payee(tmp, pack)
+    if "diff" in parts:
         _bench_diff(tmp, pack)
-        _bench_export(tmp)
-        print("  load average at the end: %s" % " ".join("%.2f" % x for x in os.getloadavg()))
-    finally:
-        shutil.rmtree(tmp, True)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["bench", "diff"]:
-        bench_diff()
-    elif sys.argv[1:2] == ["bench"]:
-        bench()
+    if sys.argv[1:2] == ["bench"]:
+        bench(sys.argv[2:] or BENCH_PARTS)
     elif sys.argv[1:2] == ["conformance"]:
         sys.exit(conformance(sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "..", "shared", "vectors")))
     else:
