@@ -4968,20 +4968,24 @@ class TestPayeeDecision(unittest.TestCase):
                     vm.PayeeFact(-2, "M-fern", 1, "Fern Ltd", "111000025")])
 
     def judge(self, name, account):
-        reason, related = vm.judge_payee(name, account, self.FACTS)
-        return reason, [(how, fact.record_id) for how, fact in related]
+        decision = vm.judge_payee(name, account, self.FACTS)
+        return decision.reason, [(how, fact.record_id) for how, fact in decision.related]
 
-    def test_a_payee_with_two_accounts_matches_either_and_lists_both_newest_first(self):
-        for account in (IBAN_DE, IBAN_GB):
-            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account),
-                             ("account_and_name_recorded", [("exact", "M-new"), ("exact", "M-old")]))
+    def test_the_newer_account_matches_the_older_is_superseded_and_both_are_listed_newest_first(self):
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB),
+                         ("account_and_name_recorded", [("exact", "M-new"), ("exact", "M-old")]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE),
+                         ("account_superseded", [("exact", "M-new"), ("exact", "M-old")]))
         self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_NEW),
                          ("payee_recorded_with_other_account", [("exact", "M-new"), ("exact", "M-old")]))
-        self.assertEqual(self.judge("hollow oak seeds", IBAN_DE),
+        self.assertEqual(self.judge("hollow oak seeds", IBAN_GB),
                          ("name_close", [("close", "M-new"), ("close", "M-old")]))
-        # a typo is close only for the name recorded with this account: the payee is found by its words
-        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_DE), ("name_close", [("close", "M-old")]))
-        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_NEW), ("not_in_memory", []))
+        self.assertEqual(self.judge("hollow oak seeds", IBAN_DE)[0], "account_superseded")
+        # a name within edits names the payee too, whatever the account
+        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_GB),
+                         ("name_close", [("close", "M-new"), ("close", "M-old")]))
+        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_DE)[0], "account_superseded")
+        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_NEW)[0], "payee_recorded_with_other_account")
         self.assertEqual(self.judge("Seeds Hollow Oak", IBAN_NEW)[0], "payee_recorded_with_other_account")
 
     def test_account_of_someone_else_and_nothing_known(self):
@@ -4995,6 +4999,114 @@ class TestPayeeDecision(unittest.TestCase):
         self.assertEqual(set(vm.PAYEE_REASONS.values()), {"match", "close_match", "no_match", "not_possible"})
         self.assertEqual([r for r, outcome in vm.PAYEE_REASONS.items() if outcome == "match"],
                          ["account_and_name_recorded"])
+
+
+def fact(newest, record_id, index, name, account):
+    return vm.PayeeFact(newest, record_id, index, name, account)
+
+
+class TestSupersession(unittest.TestCase):
+    """supersession(): who supersedes whom, and which records a cycle of supersedes leaves in doubt."""
+
+    def test_chains_cycles_and_what_hangs_below_them(self):
+        self.assertEqual(vm.supersession({}), vm.NO_SUPERSESSION)
+        chain = vm.supersession({2: [1], 1: [0]})                   # 2 supersedes 1, which supersedes 0
+        self.assertEqual((chain.superseded_by, chain.in_doubt), ({1: [2], 0: [1]}, frozenset()))
+        both = vm.supersession({3: [0, 1, 1]})                      # a repeated ID counts once
+        self.assertEqual((both.superseded_by, both.in_doubt), ({0: [3], 1: [3]}, frozenset()))
+        cycle = vm.supersession({0: [1], 1: [2], 2: [0], 3: [2], 4: [5]})
+        self.assertEqual(cycle.in_doubt, frozenset({0, 1, 2}))
+        self.assertEqual(sorted(cycle.superseded_by[2]), [1, 3])
+        below = vm.supersession({0: [1], 1: [0, 2], 2: [3], 5: [4]})  # 2 and 3 are superseded from the cycle
+        self.assertEqual(below.in_doubt, frozenset({0, 1, 2, 3}))
+        self.assertEqual(vm.supersession({7: [7]}).in_doubt, frozenset({7}))     # a record that names itself
+
+    def test_superseded_ids_reads_any_shape_and_refuses_none(self):
+        for value, expected in (("M-a", ["M-a"]), (["M-a", "M-b"], ["M-a", "M-b"]), (None, []), (5, []),
+                                ({"id": "M-a"}, []), (["M-a", 5, "x", ["M-b"], "M-c"], ["M-a", "M-c"]),
+                                ("not an id", []), ([], [])):
+            self.assertEqual(vm.superseded_ids(value), expected, value)
+
+
+class TestNewestRecordDecides(unittest.TestCase):
+    """judge_payee over facts: the newest record of the payee (exact or close names) gives its current account."""
+    JAN = fact(-1, "M-jan", 0, "Hollow Oak Seeds Ltd", IBAN_DE)
+    JUL = fact(-7, "M-jul", 1, "Hollow Oak Seeds Ltd", IBAN_GB)
+
+    def judge(self, name, account, facts, links=None):
+        decision = vm.judge_payee(name, account, sorted(facts), vm.supersession(links or {}))
+        return decision.reason, [f.record_id for f in decision.current]
+
+    def test_the_newest_record_gives_the_current_account(self):
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, [self.JAN, self.JUL]),
+                         ("account_and_name_recorded", ["M-jul"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, self.JUL]),
+                         ("account_superseded", ["M-jul"]))
+        self.assertEqual(self.judge("hollow oak seeds", IBAN_DE, [self.JAN, self.JUL]),
+                         ("account_superseded", ["M-jul"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_NEW, [self.JAN, self.JUL]),
+                         ("payee_recorded_with_other_account", ["M-jul"]))
+        self.assertEqual(self.judge("Fern Ltd", IBAN_DE, [self.JAN, self.JUL]),
+                         ("account_recorded_for_other_payee", []))
+
+    def test_ties_give_every_tied_account(self):
+        tied = fact(-7, "M-jul-2", 2, "Hollow Oak Seeds Ltd", IBAN_NEW)
+        for account in (IBAN_GB, IBAN_NEW):
+            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account, [self.JAN, self.JUL, tied]),
+                             ("account_and_name_recorded", ["M-jul", "M-jul-2"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, self.JUL, tied])[0],
+                         "account_superseded")
+
+    def test_supersedes_beats_dates_even_pointing_at_a_newer_record(self):
+        # M-jan says it replaces M-jul (for instance: July's "new account" was a fraud the signer caught)
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, self.JUL], {0: [1]}),
+                         ("account_and_name_recorded", ["M-jan"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, [self.JAN, self.JUL], {0: [1]}),
+                         ("account_superseded", ["M-jan"]))
+
+    def test_a_chain_of_three_accounts(self):
+        mar = fact(-3, "M-mar", 2, "Hollow Oak Seeds Ltd", IBAN_NEW)
+        facts = [self.JAN, mar, self.JUL]
+        for links in ({}, {1: [2], 2: [0]}):                 # by date, or by supersedes along the same chain
+            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, facts, links),
+                             ("account_and_name_recorded", ["M-jul"]))
+            for account in (IBAN_DE, IBAN_NEW):
+                self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account, facts, links),
+                                 ("account_superseded", ["M-jul"]))
+        # the chain by supersedes against the dates: March replaces July, which replaces January
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_NEW, facts, {2: [1], 1: [0]}),
+                         ("account_and_name_recorded", ["M-mar"]))
+
+    def test_a_close_name_in_the_newer_record_still_decides(self):
+        typo = fact(-7, "M-jul", 1, "Holow Oak Seed Ltd", IBAN_GB)
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, typo]),
+                         ("account_superseded", ["M-jul"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, [self.JAN, typo]), ("name_close", ["M-jul"]))
+        other = fact(-7, "M-jul", 1, "Hollow Pine Trading", IBAN_GB)     # a different name decides nothing
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, other]),
+                         ("account_and_name_recorded", ["M-jan"]))
+
+    def test_the_name_of_a_current_record_decides_match_or_close(self):
+        again = fact(-7, "M-jul", 1, "Hollow Oak Seeds Limited", IBAN_DE)    # the same account, a close name
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, again]), ("name_close", ["M-jul"]))
+
+    def test_a_cycle_never_makes_a_match(self):
+        x = fact(-7, "M-x", 1, "Hollow Oak Seeds Ltd", IBAN_GB)
+        y = fact(-8, "M-y", 2, "Hollow Oak Seeds Ltd", IBAN_NEW)
+        cycle = {1: [2], 2: [1]}
+        for account in (IBAN_DE, IBAN_GB, IBAN_NEW):          # January would be current if the cycle only hid x, y
+            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account, [self.JAN, x, y], cycle),
+                             ("account_superseded", []))
+        later = fact(-9, "M-later", 3, "Hollow Oak Seeds Ltd", "111000025")   # newer than the cycle: current
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", "111000025", [self.JAN, x, y, later], cycle),
+                         ("account_and_name_recorded", ["M-later"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN], {0: [0]}),
+                         ("account_superseded", []))              # a record that names itself
+        below = {1: [2], 2: [1, 3]}                              # the cycle also supersedes a newer record
+        newest = fact(-9, "M-dec", 3, "Hollow Oak Seeds Ltd", "111000025")
+        older = fact(-5, "M-may", 4, "Hollow Oak Seeds Ltd", IBAN_DE)
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [older, x, y, newest], below),
+                         ("account_superseded", []))
 
 
 class PayeeCase(SearchCase):
@@ -5031,14 +5143,18 @@ class PayeeCase(SearchCase):
 
 
 class TestCheckPayeeTool(PayeeCase):
-    def test_match(self):
-        payload = self.check("Hollow Oak Seeds Ltd", "de89 3704 0044 0532 0130 00")
+    def test_match_on_the_current_account_says_it_changed(self):
+        payload = self.check("Hollow Oak Seeds Ltd", "gb82 west 1234 5698 7654 32")
         self.assertEqual(self.summary(payload), ("match", "account_and_name_recorded",
-                                                 [("M-seeds-2", "exact", False), ("M-seeds-1", "exact", True)], []))
+                                                 [("M-seeds-2", "exact", True), ("M-seeds-1", "exact", False)], []))
         self.assertEqual(set(payload), {"outcome", "reason", "records", "records_total", "mentions", "mentions_total",
-                                        "account", "verification", "notice"})
-        self.assertEqual(payload["account"], {"normalised": IBAN_DE, "format": "iban", "checksum": "valid",
+                                        "account", "account_changed", "account_superseded", "verification", "notice"})
+        self.assertEqual(payload["account"], {"normalised": IBAN_GB, "format": "iban", "checksum": "valid",
                                               "problem": None})
+        self.assertEqual(payload["account_changed"], {"current_since_utc": "2026-03-01T09:00:00Z", "earlier": [
+            {"account": IBAN_DE, "record_id": "M-seeds-1", "date_last_utc": "2026-01-10T09:00:00Z"}],
+            "earlier_total": 1})
+        self.assertIsNone(payload["account_superseded"])
         first = payload["records"][1]
         self.assertEqual(first["payee"], {"name": "Hollow Oak Seeds Ltd", "account": IBAN_DE})
         self.assertEqual(first["evidence"][0]["quote"], "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00")
@@ -5046,11 +5162,21 @@ class TestCheckPayeeTool(PayeeCase):
                                                                              "2026-01-10T09:00:00Z"])
         self.assertEqual(payload["verification"], self.tools.snapshot.verification(NOW))
         self.assertEqual(payload["notice"], vm.NOTICE)
-        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["outcome"], "match")   # the newer account too
+        rent = self.check("Dr. Marta Vidal", "111000025")            # a payee with one account: nothing changed
+        self.assertEqual((rent["outcome"], rent["account_changed"], rent["account_superseded"]), ("match", None, None))
+
+    def test_the_older_account_is_superseded(self):
+        payload = self.check("Hollow Oak Seeds Ltd", "de89 3704 0044 0532 0130 00")
+        self.assertEqual(self.summary(payload), ("no_match", "account_superseded",
+                                                 [("M-seeds-2", "exact", False), ("M-seeds-1", "exact", True)], []))
+        self.assertEqual(payload["account_superseded"], {"current": [
+            {"account": IBAN_GB, "record_id": "M-seeds-2", "date_last_utc": "2026-03-01T09:00:00Z"}],
+            "superseded_by": ["M-seeds-2"], "in_doubt": []})
+        self.assertIsNone(payload["account_changed"])
 
     def test_close_match_gives_the_recorded_name(self):
         for asked in ("hollow oak seeds", "Hollow Oak Seeds GmbH", "Seeds, Hollow Oak", "Holow Oak Seeds Ltd"):
-            payload = self.check(asked, IBAN_DE)
+            payload = self.check(asked, IBAN_GB)
             self.assertEqual(payload["outcome"], "close_match", asked)
             self.assertEqual(payload["reason"], "name_close")
             self.assertEqual([r["payee"]["name"] for r in payload["records"] if r["account_match"]],
@@ -5122,10 +5248,10 @@ class TestCheckPayeeTool(PayeeCase):
         for name in ("Hollow Oak Seeds Ltd", "hollow oak seeds", "Holow Oak Seeds Ltd", "Seeds Hollow Oak",
                      "Marta Vidal", "Dr Marta Vidal", "Nobody"):
             for account in (IBAN_DE, IBAN_GB, IBAN_NEW, "111000025"):
-                reason, related = vm.judge_payee(name, account, facts)
+                decision = vm.judge_payee(name, account, facts, self.tools.payees.supersession)
                 payload = self.check(name, account)
                 self.assertEqual((payload["reason"], [r["record_id"] for r in payload["records"]]),
-                                 (reason, [fact.record_id for _, fact in related]), (name, account))
+                                 (decision.reason, [fact.record_id for _, fact in decision.related]), (name, account))
 
     def test_mentions_are_those_of_reading_every_record(self):
         # only the records whose quotes hold the account's digits, run together, are read for mentions; the
@@ -5179,6 +5305,130 @@ class TestCheckPayeeTool(PayeeCase):
         for arguments, expected in cases:
             self.assertEqual(self.tools.call(PAYEE, arguments), (None, expected))
         self.assertEqual(self.check("A" * 200, " " * 30 + "021000021" + " " * 25)["reason"], "not_in_memory")
+
+
+class TestCloseNames(unittest.TestCase):
+    def test_candidates_hold_every_name_within_edits(self):
+        # the contract: every recorded name that _close_words accepts by edits is a candidate (a scan of every
+        # name is the reference); names within 1 and 2 edits, word orders, merged and split words
+        rng = random.Random(28)
+
+        def mutate(text):
+            for _ in range(rng.randint(0, 3)):
+                at = rng.randrange(len(text) + 1)
+                kind = rng.randrange(4)
+                if kind == 0:
+                    text = text[:at] + rng.choice("abcdeo .") + text[at:]
+                elif kind == 1:
+                    text = text[:at] + text[at + 1:]
+                elif kind == 2:
+                    text = text[:at] + rng.choice("abcdeo .") + text[at + 1:]
+                elif at + 1 < len(text):
+                    text = text[:at] + text[at + 1] + text[at] + text[at + 2:]
+            return text
+        close = 0
+        for _ in range(120):
+            words = ["".join(rng.choice("abcde") for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(1, 4))]
+            seed = " ".join(words)
+            names = sorted({name for name in (mutate(seed) for _ in range(30)) if name.strip()})
+            index = vm.CloseNames(names)
+            for asked in (mutate(seed) for _ in range(8)):
+                if not asked.strip():
+                    continue
+                candidates = index.candidates(asked)
+                for name in names:
+                    asked_words, recorded = vm.name_words(asked), vm.name_words(name)
+                    by_edits = sorted(asked_words) != sorted(recorded) and vm.names_match(asked, name) == "close"
+                    close += by_edits
+                    self.assertTrue(not by_edits or name in candidates, (asked, name))
+        self.assertGreater(close, 3000)
+
+    def test_far_names_are_not_candidates(self):
+        index = vm.CloseNames(["Hollow Oak Seeds Ltd", "Firm 123", "Juniper Street Community Garden"])
+        self.assertEqual(index.candidates("Holow Oak Seed"), {"Hollow Oak Seeds Ltd"})
+        self.assertEqual(index.candidates("Firm 124"), {"Firm 123"})
+        self.assertEqual(index.candidates("Juniper Stret Community Gardens"), {"Juniper Street Community Garden"})
+        self.assertEqual(index.candidates("Acme"), set())
+
+
+class TestNewestRecordInPacks(PayeeCase):
+    """The newest record decides, in built packs, through the tool and the command."""
+    SEEDS = [message(1, "Seed order: pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00.",
+                     "2026-01-10T09:00:00Z"),
+             message(2, "Hollow Oak Seeds Ltd moved banks: new IBAN GB82 WEST 1234 5698 7654 32, the old one is "
+                        "closed.", "2026-07-01T09:00:00Z")]
+    JAN = payee_record("M-jan", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
+                       "Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 00")
+    JUL = payee_record("M-jul", 2, "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed",
+                       "Hollow Oak Seeds Ltd", "GB82 WEST 1234 5698 7654 32")
+
+    def pack(self, *records, messages=None):
+        self.build(messages or self.SEEDS, list(records))
+        return self.tools.snapshot.root
+
+    def test_the_issues_two_records_on_the_command_line(self):
+        pack = self.pack(self.JAN, self.JUL)
+        done = run("check-payee", "--pack", pack, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                   "DE89 3704 0044 0532 0130 00")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        payload = json.loads(done.stdout)
+        self.assertEqual((payload["outcome"], payload["reason"]), ("no_match", "account_superseded"))
+        self.assertEqual(payload["account_superseded"], {"current": [
+            {"account": IBAN_GB, "record_id": "M-jul", "date_last_utc": "2026-07-01T09:00:00Z"}],
+            "superseded_by": ["M-jul"], "in_doubt": []})
+        done = run("check-payee", "--pack", pack, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                   "GB82 WEST 1234 5698 7654 32")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(json.loads(done.stdout)["account_changed"], {
+            "current_since_utc": "2026-07-01T09:00:00Z", "earlier_total": 1, "earlier": [
+                {"account": IBAN_DE, "record_id": "M-jan", "date_last_utc": "2026-01-10T09:00:00Z"}]})
+
+    def test_supersedes_from_the_builder_and_ids_of_no_record_here(self):
+        # July's record names January's and one from an earlier pack; January's names a newer record back
+        jul = json.loads(self.JUL)
+        jul["supersedes"] = ["M-jan", "M-from-last-year"]
+        self.pack(self.JAN, json.dumps(jul))
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["account_superseded"]["superseded_by"], ["M-jul"])
+        jan = json.loads(self.JAN)
+        jan["supersedes"] = "M-jul"                          # the signer found July's message was the fraud
+        self.pack(json.dumps(jan), self.JUL)
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["reason"], "account_and_name_recorded")
+        payload = self.check("Hollow Oak Seeds Ltd", IBAN_GB)
+        self.assertEqual((payload["reason"], payload["account_superseded"]["superseded_by"]),
+                         ("account_superseded", ["M-jan"]))
+
+    def test_a_cycle_in_a_pack_gives_no_match_and_names_the_records_in_doubt(self):
+        jan, jul = json.loads(self.JAN), json.loads(self.JUL)
+        jan["supersedes"], jul["supersedes"] = "M-jul", "M-jan"
+        self.pack(json.dumps(jan), json.dumps(jul))
+        for account in (IBAN_DE, IBAN_GB):
+            payload = self.check("Hollow Oak Seeds Ltd", account)
+            self.assertEqual((payload["outcome"], payload["reason"]), ("no_match", "account_superseded"))
+            self.assertEqual(payload["account_superseded"]["current"], [])
+            self.assertEqual(payload["account_superseded"]["in_doubt"], ["M-jan", "M-jul"])
+
+    def test_metadata_of_any_shape_loads_as_in_0_4_1_and_names_nothing(self):
+        pack = self.copy_pack("metadata", self.pack(self.JAN, self.JUL))
+        lines = read(os.path.join(pack, "records.jsonl")).decode().splitlines()
+        for i, value in ((0, {"record": "M-jul"}), (1, [5, "not an id", ["M-jan"], None])):
+            record = json.loads(lines[i])
+            record["supersedes"] = value
+            lines[i] = record_line(record)
+        write(os.path.join(pack, "records.jsonl"), "\n".join(lines) + "\n")
+        reseal(pack)
+        tools = vm.ToolServer(self.load(pack), lambda: NOW)
+        found, _ = tools.call(PAYEE, {"payee": "Hollow Oak Seeds Ltd", "account": IBAN_DE})
+        self.assertEqual(found["reason"], "account_superseded")     # by date only: the metadata names nothing
+        self.assertEqual(found["account_superseded"]["superseded_by"], ["M-jul"])
+        escaped = self.copy_pack("escaped", pack)                   # a key written with an escape still counts
+        record = json.loads(lines[0])
+        record["supersedes"] = "M-jul"
+        lines[0] = record_line(record).replace('"supersedes"', '"supersed\\u0065s"')
+        write(os.path.join(escaped, "records.jsonl"), "\n".join(lines) + "\n")
+        reseal(escaped)
+        tools = vm.ToolServer(self.load(escaped), lambda: NOW)
+        self.assertEqual(tools.call(PAYEE, {"payee": "Hollow Oak Seeds Ltd", "account": IBAN_DE})[0]["reason"],
+                         "account_and_name_recorded")
 
 
 class TestPayeeFactsInPacks(RecordsCase):
@@ -5429,7 +5679,8 @@ class TestPackDiff(DiffCase):
 
     def test_a_new_account_for_a_known_payee_is_a_payee_change_with_its_quotes(self):
         diff = self.diff(self.pack(SEEDS_JAN, RENT), self.pack(SEEDS_JAN, RENT, SEEDS_JUL))
-        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed", "accounts": [
+        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed",
+                                                  "current": {"old": [IBAN_DE], "new": [IBAN_GB]}, "accounts": [
             account_entry(IBAN_DE, "kept", *JAN_ENTRY), account_entry(IBAN_GB, "added", *JUL_ENTRY)]}])
         self.assertEqual([r["record_id"] for r in diff["records"]["added"]], ["M-seeds-jul"])
         self.assertEqual(diff["records"]["added"][0], self.load(self.pack(SEEDS_JUL)).record(0))
@@ -5441,17 +5692,19 @@ class TestPackDiff(DiffCase):
         rent["quotes"].append({"message_id": 4, "quote": "Compost bins"})     # a quote without the account
         diff = self.diff(self.pack(SEEDS_JAN, COMPOST), self.pack(COMPOST, json.dumps(rent)))
         self.assertEqual(diff["payee_changes"], [
-            {"payee": "Dr. Marta Vidal", "change": "added", "accounts": [account_entry(
+            {"payee": "Dr. Marta Vidal", "change": "added", "current": {"old": [], "new": ["111000025"]},
+             "accounts": [account_entry(
                 "111000025", "added", "M-rent", "2026-02-02T09:00:00Z", "Dr. Marta Vidal, routing 111000025",
                 "Dr. Marta Vidal")]},
-            {"payee": "Hollow Oak Seeds Ltd", "change": "removed", "accounts": [
-                account_entry(IBAN_DE, "removed", *JAN_ENTRY)]}])
+            {"payee": "Hollow Oak Seeds Ltd", "change": "removed", "current": {"old": [IBAN_DE], "new": []},
+             "accounts": [account_entry(IBAN_DE, "removed", *JAN_ENTRY)]}])
         self.assertEqual([r["record_id"] for r in diff["records"]["added"]], ["M-rent"])
         self.assertEqual([r["record_id"] for r in diff["records"]["removed"]], ["M-seeds-jan"])
 
     def test_an_account_changed_inside_one_record(self):
         diff = self.diff(self.pack(SEEDS_JAN, COMPOST), self.pack(SEEDS_JAN_SWAPPED, COMPOST))
-        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed", "accounts": [
+        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed",
+                                                  "current": {"old": [IBAN_DE], "new": [IBAN_GB]}, "accounts": [
             account_entry(IBAN_DE, "removed", *JAN_ENTRY),
             account_entry(IBAN_GB, "added", "M-seeds-jan", "2026-01-10T09:00:00Z",
                           "pay Hollow Oak Seeds Ltd, IBAN GB82 WEST 1234 5698 7654 32")]}])
@@ -5470,6 +5723,16 @@ class TestPackDiff(DiffCase):
         self.assertIn(b'"pay\\u0065e":', read(path))
         self.assertEqual([(c["payee"], c["change"]) for c in self.diff(old, new)["payee_changes"]],
                          [("Hollow Oak Seeds Ltd", "added")])
+
+    def test_a_current_account_that_changes_is_a_payee_change_with_the_same_accounts(self):
+        jan = json.loads(SEEDS_JAN)
+        jan["supersedes"] = "M-seeds-jul"                 # January now says July's account is the wrong one
+        diff = self.diff(self.pack(SEEDS_JAN, SEEDS_JUL), self.pack(json.dumps(jan), SEEDS_JUL))
+        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed",
+                                                  "current": {"old": [IBAN_GB], "new": [IBAN_DE]}, "accounts": [
+            account_entry(IBAN_GB, "kept", *JUL_ENTRY), account_entry(IBAN_DE, "kept", *JAN_ENTRY)]}])
+        self.assertEqual(diff["records"]["changed"], [{"record_id": "M-seeds-jan", "fields": [
+            {"field": "supersedes", "old": vm.ABSENT, "new": "M-seeds-jul"}]}])
 
     def test_the_same_accounts_under_another_spelling_are_no_payee_change(self):
         respelled = payee_record("M-seeds-jan", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
@@ -5519,6 +5782,7 @@ class TestPackDiff(DiffCase):
             "old pack: " + old, "new pack: " + new,
             "payee changes: 2",
             '  "Hollow Oak Seeds Ltd": account changed',
+            "    current: DE89370400440532013000 -> GB82WEST12345698765432",
             "    = DE89370400440532013000 (kept)",
             '        M-seeds-jan, 2026-01-10T09:00:00Z, as "Hollow Oak Seeds Ltd"',
             '          quote: "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00"',
@@ -5526,6 +5790,7 @@ class TestPackDiff(DiffCase):
             '        M-seeds-jul, 2026-07-01T09:00:00Z, as "Hollow Oak Seeds Ltd"',
             '          quote: "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed"',
             '  "Dr. Marta Vidal": account removed',
+            "    current: 111000025 -> none",
             "    - 111000025 (removed)",
             '        M-rent, 2026-02-01T09:00:00Z, as "Dr. Marta Vidal"',
             '          quote: "Dr. Marta Vidal, routing 111000025"',
@@ -5551,13 +5816,14 @@ class TestPackDiff(DiffCase):
         write(os.path.join(new, "records.jsonl"), record_line(record) + "\n")
         reseal(new)
         diff = self.diff(old, new)
-        self.assertEqual(vm.diff_text(diff).splitlines()[3:10], [
-            '  "Hollow Oak Seeds Ltd": account removed', "    - DE89370400440532013000 (removed)",
+        self.assertEqual(vm.diff_text(diff).splitlines()[3:11], [
+            '  "Hollow Oak Seeds Ltd": account removed', "    current: DE89370400440532013000 -> none",
+            "    - DE89370400440532013000 (removed)",
             '        M-seeds-jan, 2026-01-10T09:00:00Z, as "Hollow Oak Seeds Ltd"',
             '          quote: "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00"',
             "records: 0 added, 0 removed, 1 changed", "  ~ M-seeds-jan",
             '      statement: "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00" -> "Seeds \u00e9"'])
-        self.assertEqual(vm.diff_text(diff).splitlines()[10:12], [
+        self.assertEqual(vm.diff_text(diff).splitlines()[11:13], [
             '      payee: {"name": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 00"} -> (absent)',
             '      supersedes: (absent) -> ["M-x"]'])
         printed = json.loads(json.dumps(vm.diff_json(diff)))
@@ -5596,8 +5862,9 @@ class TestSignPrevious(DiffCase):
                      "payee through a contact you already had (never one from the new records), then sign again "
                      "with --accept-payee-changes 1; nothing was written")
         shown = done.stdout.decode().splitlines()
-        self.assertEqual(shown[:5], ["old pack: " + self.previous, "new pack: " + new, "payee changes: 1",
+        self.assertEqual(shown[:6], ["old pack: " + self.previous, "new pack: " + new, "payee changes: 1",
                                      '  "Hollow Oak Seeds Ltd": account changed',
+                                     "    current: DE89370400440532013000 -> GB82WEST12345698765432",
                                      "    = DE89370400440532013000 (kept)"])
         self.assertIn("    + GB82WEST12345698765432 (added)", shown)
         print_ = json.loads(run("check", "--pack", self.previous).stdout)["verification"]["signature"]["fingerprint"]
@@ -6472,16 +6739,19 @@ class TestPackMakerApi(MakerCase):
                             {"name": "Hollow Oak Seeds", "account": "111-000-025"}]}
         report = maker.api("build", {"title": "Payees", "records": [second, record]})
         self.assertEqual(report["payees"], [      # a payee's accounts together, newest first; the account leads
-            {"account": "111000025", "name": "Dr. Marta Vidal", "record_id": "M-rent",
+            {"account": "111000025", "status": "current", "name": "Dr. Marta Vidal", "record_id": "M-rent",
              "date_last_utc": "2024-06-01T10:00:09Z"},
-            {"account": "111000025", "name": "Hollow Oak Seeds", "record_id": "M-rent",
+            {"account": "111000025", "status": "current", "name": "Hollow Oak Seeds", "record_id": "M-rent",
              "date_last_utc": "2024-06-01T10:00:09Z"},
-            {"account": "DE89370400440532013000", "name": "Hollow Oak Seeds Ltd", "record_id": "M-seeds",
-             "date_last_utc": "2024-06-01T10:00:05Z"}])
-        done = run("check-payee", "--pack", self.out, "--payee", "Hollow Oak Seeds Ltd", "--account",
-                   "DE89370400440532013000")
+            {"account": "DE89370400440532013000", "status": "earlier", "name": "Hollow Oak Seeds Ltd",
+             "record_id": "M-seeds", "date_last_utc": "2024-06-01T10:00:05Z"}])
+        done = run("check-payee", "--pack", self.out, "--payee", "Hollow Oak Seeds", "--account", "111000025")
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(json.loads(done.stdout)["outcome"], "match")
+        done = run("check-payee", "--pack", self.out, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                   "DE89370400440532013000")                  # M-rent, newer, gives the payee another account
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertEqual(json.loads(done.stdout)["reason"], "account_superseded")
 
     def test_records_build_a_pack_identical_to_import_and_build(self):
         maker = self.start().login()
@@ -6891,9 +7161,11 @@ class TestPackMakerInChromium(MakerCase):
         tab.wait_for("document.getElementById('build-report').textContent.startsWith('Verified')")
         rows = tab.evaluate("[...document.querySelectorAll('#payees tr')].map((row) => [...row.cells].map("
                             "(cell) => cell.textContent))")
-        self.assertEqual(rows, [["Account", "Payee", "Record", "Date"],
-                                ["GB82WEST12345698765432", "Hollow Oak Seeds Ltd", "M-seeds", "2024-06-01T10:00:05Z"],
-                                ["DE89370400440532013000", "Hollow Oak Seeds Ltd", "M-seeds", "2024-06-01T10:00:05Z"]])
+        self.assertEqual(rows, [["Account", "Status", "Payee", "Record", "Date"],
+                                ["DE89370400440532013000", "current", "Hollow Oak Seeds Ltd", "M-seeds",
+                                 "2024-06-01T10:00:05Z"],
+                                ["GB82WEST12345698765432", "current", "Hollow Oak Seeds Ltd", "M-seeds",
+                                 "2024-06-01T10:00:05Z"]])
         self.assertFalse(tab.evaluate("document.getElementById('payees-panel').hidden"))
         panel_first = tab.evaluate("!!(document.getElementById('payees-panel').compareDocumentPosition("
                                    "document.getElementById('build-report')) & Node.DOCUMENT_POSITION_FOLLOWING)")

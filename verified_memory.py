@@ -1006,13 +1006,16 @@ _NAME_GAP = re.compile(r"[\W_]+")
 CLOSE_NAME_LENGTHS = (5, 13)      # a close name may be 1 edit away from 5 characters, 2 edits from 13
 # reason -> outcome: the closed set the payee tool answers with
 PAYEE_REASONS = {"account_and_name_recorded": "match", "name_close": "close_match",
-                 "account_recorded_for_other_payee": "no_match", "payee_recorded_with_other_account": "no_match",
+                 "account_superseded": "no_match", "account_recorded_for_other_payee": "no_match",
+                 "payee_recorded_with_other_account": "no_match",
                  "account_malformed": "not_possible", "account_invalid_checksum": "not_possible",
                  "not_in_memory": "not_possible"}
-# the reason for the names recorded with the asked account, best first (judge_payee)
-_SAME_ACCOUNT_REASONS = (("exact", "account_and_name_recorded"), ("close", "name_close"),
-                         ("different", "account_recorded_for_other_payee"))
 PayeeFact = namedtuple("PayeeFact", "newest record_id index name account")   # newest: -date_last_utc in ns
+# who supersedes each record ({index: [indices]}), and the records in doubt (on or below a cycle of supersedes)
+Supersession = namedtuple("Supersession", "superseded_by in_doubt")
+# a payee check's decision: its reason, the facts that decide it ([(names_match result, fact)]), the facts of the
+# asked payee, and those that give its current account(s)
+PayeeDecision = namedtuple("PayeeDecision", "reason related payee current")
 _PAYEE_KEYS = {"name", "account"}
 
 
@@ -1263,35 +1266,108 @@ def names_match(asked, recorded):
     return "different"
 
 
-def _related(name, account, facts):
-    """[(names_match result, fact)] of the facts that record `account` with any name, or this payee (an exact
-    name, or the same name_words in any order) with any account; in the order of `facts`."""
-    words = _sorted_words(name)
+def _is_record_id(value):
+    """Whether a JSON value is a record ID."""
+    return type(value) is str and RECORD_ID.fullmatch(value) is not None
+
+
+def superseded_ids(value):
+    """A record's `supersedes` metadata -> the record IDs it names: one ID or a list of them. Anything else
+    names none and is never refused: 0.4.1 keeps the field as metadata of any shape."""
+    items = [value]
+    if type(value) is list:
+        items = value
+    return list(filter(_is_record_id, items))
+
+
+def supersession(links):
+    """{record index: indices of the records its supersedes names} -> Supersession: who supersedes each record,
+    and the records in doubt: those on a cycle of supersedes (a record that names itself included) or superseded
+    from one. The records that nothing supersedes are taken away, then those that only they superseded, and so
+    on (Kahn's order); the records left are in doubt."""
+    superseded_by = defaultdict(list)
+    for source, targets in links.items():
+        for target in set(targets):
+            superseded_by[target].append(source)
+    waiting = {target: len(sources) for target, sources in superseded_by.items()}     # records superseding each
+    free = [source for source in links if source not in waiting]
+    while free:
+        source = free.pop()
+        for target in set(links.get(source, ())):
+            waiting[target] -= 1
+            if not waiting[target]:
+                del waiting[target]
+                free.append(target)
+    return Supersession(dict(superseded_by), frozenset(waiting))
+
+
+NO_SUPERSESSION = Supersession({}, frozenset())
+
+
+def current_facts(payee, supersession):
+    """The facts of one payee, newest first -> those that give its current account(s): the newest of those whose
+    record nothing supersedes (all of them on a tie); none while a record in doubt is newer than they are."""
+    live = [fact for fact in payee if fact.index not in supersession.superseded_by]
+    if not live:
+        return []
+    newest = live[0].newest
+    for fact in payee:
+        if fact.index in supersession.in_doubt and fact.newest < newest:
+            return []
+    return [fact for fact in live if fact.newest == newest]
+
+
+def _superseders(fact, payee, supersession):
+    """A fact whose account is not current -> the indices of the records that superseded it: those whose
+    supersedes names its record, else the oldest record of the payee that is newer and gives another account."""
+    listed = supersession.superseded_by.get(fact.index)
+    if listed:
+        return listed
+    for other in reversed(payee):             # oldest first
+        if other.newest < fact.newest and other.account != fact.account:
+            return [other.index]
+    return []
+
+
+def judge_payee(name, account, facts, supersession=NO_SUPERSESSION):
+    """Decide a payee check over `facts` (newest first) -> PayeeDecision.
+
+    The payee's facts are those whose name is exact or close (names_match); its current account(s) are
+    current_facts'. This account current: account_and_name_recorded when a current fact pairs it with exactly
+    this name, else name_close. An earlier account of the payee: account_superseded. Else the account recorded
+    for someone else, or the payee only with other accounts, is no match; with neither, not_in_memory.
+    `related` lists every fact of the payee or of the account, in the order of `facts`.
+    """
+    names = {fact.name for fact in facts}
+    matches = {recorded: names_match(name, recorded) for recorded in names}
     related = []
+    payee = []
     for fact in facts:
-        how = names_match(name, fact.name)
-        same_payee = how != "different" and _sorted_words(fact.name) == words
-        if fact.account == account or same_payee:
+        how = matches[fact.name]
+        if fact.account == account or how != "different":
             related.append((how, fact))
-    return related
+        if how != "different":
+            payee.append(fact)
+    current = current_facts(payee, supersession)
+    hows = {matches[fact.name] for fact in current if fact.account == account}
+    reason = _payee_reason(hows, account, payee, related)
+    return PayeeDecision(reason, related, payee, current)
 
 
-def judge_payee(name, account, facts):
-    """Decide a payee check over `facts` (newest first) -> (reason, the facts that decide it: _related).
-    An exact name with the account is a match even when the payee is also recorded with other accounts (they
-    are listed too); else a close name with the account is a close match; else the account recorded for
-    someone else, or the payee only with other accounts, is no match; with neither, not_in_memory."""
-    related = _related(name, account, facts)
-    same_account = set()
-    for how, fact in related:
-        if fact.account == account:
-            same_account.add(how)
-    for how, reason in _SAME_ACCOUNT_REASONS:
-        if how in same_account:
-            return reason, related
+def _payee_reason(hows, account, payee, related):
+    """The reason of a check: `hows`, how the current facts that record `account` name the payee; the payee's
+    facts; the deciding facts ([(how, fact)])."""
+    if "exact" in hows:
+        return "account_and_name_recorded"
+    if hows:
+        return "name_close"
+    if account in {fact.account for fact in payee}:
+        return "account_superseded"
+    if account in {fact.account for _, fact in related}:
+        return "account_recorded_for_other_payee"
     if related:
-        return "payee_recorded_with_other_account", related
-    return "not_in_memory", related
+        return "payee_recorded_with_other_account"
+    return "not_in_memory"
 
 
 # ============================================================================
@@ -2226,15 +2302,20 @@ TOOLS = (
      "description": "Before paying, check a payee name and account against the payee facts of the verified pack "
                     "(a name and account that a record pairs and its quotes contain); nothing else is consulted. "
                     "Account: spaces and hyphens ignored, any case; IBANs (ISO 13616) and 9-digit ABA routing "
-                    "numbers (3-7-1) are checked. outcome and reason: match / account_and_name_recorded (a record "
-                    "pairs this account with exactly this name: proceed); close_match / name_close (the account is "
-                    "recorded for a name differing only in case, accents, punctuation, word order, titles, legal "
-                    "form or 1-2 typing errors; see the recorded name in records: confirm it with the person); "
-                    "no_match / account_recorded_for_other_payee or payee_recorded_with_other_account (records "
-                    "show who and which accounts: stop and ask the person); not_possible / account_malformed, "
-                    "account_invalid_checksum or not_in_memory (stop and ask the person). When records disagree "
-                    "all are listed, newest date_last_utc first, and the outcome is match only if one pairs this "
-                    "exact name with this account. records: the deciding records with quotes; mentions: other "
+                    "numbers (3-7-1) are checked. The newest record decides: the payee's records are those whose "
+                    "name is this one exactly or closely; its current account(s) are those of the newest of them "
+                    "(date_last_utc; all on a tie), and a record listed in another record's supersedes is "
+                    "superseded whatever its date (a cycle of supersedes leaves no current account while its "
+                    "records are the newest). outcome and reason: match / account_and_name_recorded (a current "
+                    "account, paired with exactly this name: proceed, but when account_changed is set the payee "
+                    "had other accounts before: confirm with the payee through a contact from an earlier record "
+                    "first); close_match / name_close (a current account recorded for a name differing only in "
+                    "case, accents, punctuation, word order, titles, legal form or 1-2 typing errors; see records: "
+                    "confirm it with the person); no_match / account_superseded (an earlier account of this payee; "
+                    "account_superseded gives the current account(s) and the record that superseded it), "
+                    "account_recorded_for_other_payee or payee_recorded_with_other_account (stop and ask the "
+                    "person); not_possible / account_malformed, account_invalid_checksum or not_in_memory (stop and "
+                    "ask the person). records: every deciding record with quotes, newest first; mentions: other "
                     "records quoting the account as free text. Only as trustworthy as the pack's signature.",
      "inputSchema": {"type": "object", "properties": {
          "payee": {"type": "string", "minLength": 1, "maxLength": 200},
@@ -2247,9 +2328,15 @@ TOOLS = (
          "mentions": {"type": "array", "items": {"type": "object"}}, "mentions_total": {"type": "integer"},
          "account": {"type": "object", "description": "normalised, format (iban, aba, other or null), checksum "
                      "(valid, invalid, not_applicable) and problem"},
+         "account_changed": {"type": ["object", "null"], "description": "for a current account of a payee that "
+                             "had others before: current_since_utc, earlier (account, record_id, date_last_utc), "
+                             "earlier_total"},
+         "account_superseded": {"type": ["object", "null"], "description": "for an earlier account: current "
+                                "(account, record_id, date_last_utc), superseded_by (record IDs), in_doubt "
+                                "(record IDs on or below a cycle of supersedes)"},
          "verification": _VERIFICATION_SCHEMA, "notice": {"type": "string"}},
          "required": ["outcome", "reason", "records", "records_total", "mentions", "mentions_total", "account",
-                      "verification", "notice"]},
+                      "account_changed", "account_superseded", "verification", "notice"]},
      "annotations": _ANNOTATIONS},
 )
 
@@ -2296,9 +2383,120 @@ def _mention(record, account):
             "speaker": record["speaker"], "evidence": evidence}
 
 
+def _supersedes_links(records, ids):
+    """(index, record) pairs and {record_id: index} -> {index: [indices its supersedes names]} for each record
+    whose supersedes names a record of this pack (an ID of no record here is left out)."""
+    links = {}
+    for i, record in records:
+        named = superseded_ids(record.get("supersedes"))
+        targets = [ids[record_id] for record_id in named if record_id in ids]
+        if targets:
+            links[i] = targets
+    return links
+
+
+def snapshot_payee_facts(snapshot):
+    """Every payee fact of a snapshot, as a PayeeFact, newest first."""
+    facts = []
+    for i, pairs in snapshot.payees:
+        for name, account in pairs:
+            facts.append(PayeeFact(-snapshot.dates[i], snapshot.record_ids[i], i, name, account))
+    facts.sort()
+    return facts
+
+
+def snapshot_supersession(snapshot):
+    """A snapshot -> its Supersession, reading only the records whose line holds "supersedes" or an escape
+    (which may spell it), as PayeeIndex reads all of them."""
+    records = snapshot.records
+    starts = snapshot.offsets
+    read = []
+    if b'"supersedes"' not in records and b"\\" not in records:
+        return NO_SUPERSESSION
+    for i in range(snapshot.pack["records"]):
+        line = records[starts[i]:starts[i + 1]]
+        if b'"supersedes"' in line or b"\\" in line:
+            read.append((i, snapshot.record(i)))
+    return supersession(_supersedes_links(read, snapshot.ids))
+
+
 def _newest_first(mention):
     """The order of mentions: newest date_last_utc first, then record ID."""
     return -parse_utc(mention["date_last_utc"]), mention["record_id"]
+
+
+def _deletions(text):
+    """A text and each text one character shorter that it gives: two texts within 1 edit always share one."""
+    found = {text}
+    for at in range(len(text)):
+        found.add(text[:at] + text[at + 1:])
+    return found
+
+
+def _word_forms(name):
+    """A name -> its words joined by spaces, in the given and in sorted order (_close_words compares both)."""
+    words = name_words(name)
+    if not words:
+        return set()
+    return {" ".join(words), " ".join(sorted(words))}
+
+
+def _keys(text):
+    """What CloseNames files a recorded text under. Texts within 1 edit (the longer 5 to 12 characters) share a
+    "d" key: one of their _deletions. Texts within 2 edits (the longer from 13 characters, so both from 11) keep
+    one half within 1 edit of the same stretch of the other: "p" keys for the first half, "s" for the second,
+    with the recorded text's length, which fixes where its halves split."""
+    size = len(text)
+    keys = []
+    if 4 <= size <= 12:
+        keys += ["d:" + part for part in _deletions(text)]
+    if size >= 11:
+        middle = size // 2
+        keys += ["p%d:%s" % (size, part) for part in _deletions(text[:middle])]
+        keys += ["s%d:%s" % (size, part) for part in _deletions(text[middle:])]
+    return keys
+
+
+def _probes(text):
+    """The keys to look up for an asked text: its own "d" keys, and for each length a recorded text within 2
+    edits may have, the _deletions of each stretch of it where that text's halves may lie (1 edit either way)."""
+    size = len(text)
+    probes = []
+    if 4 <= size <= 12:
+        probes += ["d:" + part for part in _deletions(text)]
+    if size < 11:
+        return probes
+    for recorded in range(max(11, size - 2), size + 3):
+        first = recorded // 2
+        second = recorded - first
+        for length in (first - 1, first, first + 1):
+            probes += ["p%d:%s" % (recorded, part) for part in _deletions(text[:length])]
+        for length in (second - 1, second, second + 1):
+            probes += ["s%d:%s" % (recorded, part) for part in _deletions(text[size - length:])]
+    return probes
+
+
+class CloseNames:
+    """The recorded payee names by what a name within edits of them shares with them (_keys), so that a check
+    compares a few names with names_match, not all. Contract: candidates(name) holds every recorded name whose
+    words are within the edits _close_words allows of the asked name's words, in the given or in sorted order
+    (names with the same words in any order come from by_words); names_match decides. Tests compare it with
+    a scan of every name."""
+
+    def __init__(self, names):
+        self.by_key = defaultdict(set)
+        for name in names:
+            for text in _word_forms(name):
+                for key in _keys(text):
+                    self.by_key[key].add(name)
+
+    def candidates(self, name):
+        """An asked name -> recorded names that may be within edits of it (a superset; see the contract)."""
+        found = set()
+        for text in _word_forms(name):
+            for key in _probes(text):
+                found.update(self.by_key.get(key, ()))
+        return found
 
 
 class PayeeIndex:
@@ -2309,23 +2507,23 @@ class PayeeIndex:
         self.snapshot = snapshot
         self.by_account = defaultdict(list)
         self.by_words = defaultdict(list)
-        by_name = defaultdict(list)
+        self.by_name = defaultdict(list)
         for fact in self.facts():
             self.by_account[fact.account].append(fact)
-            by_name[fact.name].append(fact)
-        for name, facts in by_name.items():   # name_words once a name
+            self.by_name[fact.name].append(fact)
+        for name, facts in self.by_name.items():       # name_words once a name
             self.by_words[_sorted_words(name)] += facts
+        self.close_names = CloseNames(self.by_name)
         count = snapshot.pack["records"]
-        digits = [_quote_digits(snapshot.record(i)) for i in range(count)]
+        records = [snapshot.record(i) for i in range(count)]
+        digits = [_quote_digits(record) for record in records]
         self.digits = "|".join(digits)        # a mention cannot run from one record into the next
         self.starts = array.array("L", accumulate((len(text) + 1 for text in digits), initial=0))
+        self.supersession = supersession(_supersedes_links(enumerate(records), snapshot.ids))
 
     def facts(self):
-        """Every payee fact of the snapshot, as a PayeeFact, in file order."""
-        snapshot = self.snapshot
-        for i, pairs in snapshot.payees:
-            for name, account in pairs:
-                yield PayeeFact(-snapshot.dates[i], snapshot.record_ids[i], i, name, account)
+        """Every payee fact of the snapshot (snapshot_payee_facts)."""
+        return snapshot_payee_facts(self.snapshot)
 
     def candidates(self, account):
         """A normalised account -> the records whose quotes may mention it: the digits of a mention are the
@@ -2361,21 +2559,77 @@ class PayeeIndex:
     def check(self, name, text):
         """One payee check -> the tool's result, without verification and notice."""
         account = check_account(text)
-        normalised = account["normalised"]
-        related = []
-        mentions = []
+        result = {"outcome": None, "reason": None, "records": [], "records_total": 0, "mentions": [],
+                  "mentions_total": 0, "account": account, "account_changed": None, "account_superseded": None}
         if account["format"] is None:
-            reason = "account_malformed"
+            result["reason"] = "account_malformed"
         elif account["problem"]:
-            reason = "account_invalid_checksum"
+            result["reason"] = "account_invalid_checksum"
         else:
-            facts = self.by_account.get(normalised, []) + self.by_words.get(_sorted_words(name), [])
-            reason, related = judge_payee(name, normalised, sorted(set(facts)))
-            mentions = self.mentions(normalised, {fact.index for _, fact in related})
-        records = [self.shown(how, fact, normalised) for how, fact in related[:MAX_MATCHES]]
-        return {"outcome": PAYEE_REASONS[reason], "reason": reason, "records": records,
-                "records_total": len(related), "mentions": mentions[:MAX_MATCHES], "mentions_total": len(mentions),
-                "account": account}
+            self.decide(name, account["normalised"], result)
+        result["outcome"] = PAYEE_REASONS[result["reason"]]
+        return result
+
+    def decide(self, name, account, result):
+        """Fill `result` for a well-formed account: judge_payee's reason and deciding records, the mentions,
+        and account_changed or account_superseded."""
+        decision = judge_payee(name, account, self.deciding(name, account), self.supersession)
+        related = decision.related
+        mentions = self.mentions(account, {fact.index for _, fact in related})
+        result["reason"] = decision.reason
+        result["records"] = [self.shown(how, fact, account) for how, fact in related[:MAX_MATCHES]]
+        result["records_total"] = len(related)
+        result["mentions"] = mentions[:MAX_MATCHES]
+        result["mentions_total"] = len(mentions)
+        if decision.reason in ("account_and_name_recorded", "name_close"):
+            result["account_changed"] = self.changed(decision, account)
+        if decision.reason == "account_superseded":
+            result["account_superseded"] = self.superseded(decision, account)
+
+    def deciding(self, name, account):
+        """The facts that may decide a check, newest first: those of the account, of the payee's words in any
+        order, and of the recorded names CloseNames finds (judge_payee keeps those names_match accepts)."""
+        facts = set(self.by_account.get(account, ()))
+        facts.update(self.by_words.get(_sorted_words(name), ()))
+        for recorded in self.close_names.candidates(name):
+            if names_match(name, recorded) != "different":
+                facts.update(self.by_name[recorded])
+        return sorted(facts)
+
+    def dated(self, fact):
+        """A fact -> its account, record ID and date_last_utc, as a result lists it."""
+        record = self.snapshot.record(fact.index)
+        return {"account": fact.account, "record_id": fact.record_id, "date_last_utc": record["date_last_utc"]}
+
+    def changed(self, decision, account):
+        """account_changed of a current account: the payee's earlier accounts (each with its newest record,
+        newest first) and when the current one was first recorded; None when the payee had no other account."""
+        current = {fact.account for fact in decision.current}
+        earlier = {}
+        for fact in decision.payee:
+            if fact.account not in current and fact.account not in earlier:
+                earlier[fact.account] = fact
+        if not earlier:
+            return None
+        recording = [fact for fact in decision.payee if fact.account == account]
+        since = self.dated(recording[-1])["date_last_utc"]      # the oldest record that gives it
+        newest = list(earlier.values())[:MAX_MATCHES]
+        shown = [self.dated(fact) for fact in newest]
+        return {"current_since_utc": since, "earlier": shown, "earlier_total": len(earlier)}
+
+    def superseded(self, decision, account):
+        """account_superseded of an earlier account: the current account(s), the records that superseded it and
+        the payee's records in doubt (on or below a cycle of supersedes)."""
+        by = set()
+        for fact in decision.payee:
+            if fact.account == account:
+                by.update(_superseders(fact, decision.payee, self.supersession))
+        in_doubt = self.supersession.in_doubt
+        doubt = {fact.record_id for fact in decision.payee if fact.index in in_doubt}
+        superseders = sorted(self.snapshot.record_ids[i] for i in by)
+        current = [self.dated(fact) for fact in decision.current[:MAX_MATCHES]]
+        return {"current": current, "superseded_by": superseders[:MAX_MATCHES],
+                "in_doubt": sorted(doubt)[:MAX_MATCHES]}
 
 
 class ToolServer:
@@ -3335,8 +3589,11 @@ def sign_command(options):
 # `sign` seals a change of them only when the signer has counted it (--accept-payee-changes N).
 
 PackHead = namedtuple("PackHead", "pack_json signature")   # PACK.json's dates (a dict or None), the signature
+# one payee in one pack: {account: its facts, newest first}, and its current accounts (sorted)
+PayeeView = namedtuple("PayeeView", "accounts current")
 PAYEE_MARKS = {"added": "+", "removed": "-", "kept": "="}    # an account's mark in a payee change
 _ONE_LINE = json.JSONEncoder(ensure_ascii=False)               # a value in diff text: JSON on one line
+_PLAIN_SCALARS = (str, int, bool, type(None))                  # JSON scalars that == compares exactly by type
 
 
 class _Absent:
@@ -3391,6 +3648,8 @@ def _parts(old, new):
     """Two objects, or two lists of one length -> [(key or index, old part, new part)], ABSENT for a key that one
     side lacks; None for any other pair of values."""
     if type(old) is dict and type(new) is dict:
+        if old.keys() == new.keys():
+            return [(key, value, new[key]) for key, value in old.items()]
         keys = _in_both(old, new)
         return [(key, old.get(key, ABSENT), new.get(key, ABSENT)) for key in keys]
     lists = type(old) is list and type(new) is list
@@ -3419,15 +3678,17 @@ def field_changes(old, new, path=""):
         return [{"field": path, "old": old, "new": new}]
     changes = []
     for key, old_part, new_part in parts:
-        if not _same_value(old_part, new_part):
-            changes += field_changes(old_part, new_part, _place(path, key))
+        kind = type(old_part)
+        if kind in _PLAIN_SCALARS and kind is type(new_part) and old_part == new_part:
+            continue                          # the same string, integer, boolean or null: most parts
+        changes += field_changes(old_part, new_part, _place(path, key))
     return changes
 
 
-def _record(snapshot, record_id):
-    """The record of a snapshot with this ID, parsed afresh."""
-    i = snapshot.ids[record_id]
-    return snapshot.record(i)
+def _parsed(lines):
+    """Lines of records.jsonl that the snapshot verified -> their records, parsed in one call: the same values
+    that the snapshot's record() gives for them, the bytes being verified already."""
+    return json.loads(b"[" + b",".join(lines) + b"]")
 
 
 def record_changes(old, new):
@@ -3435,14 +3696,17 @@ def record_changes(old, new):
     its pack's file order. A record is changed when its value differs (field_changes), not merely its bytes."""
     old_lines = record_lines(old)
     new_lines = record_lines(new)
-    added = [_record(new, record_id) for record_id in new_lines if record_id not in old_lines]
-    removed = [_record(old, record_id) for record_id in old_lines if record_id not in new_lines]
-    changed = []
+    added = _parsed([line for record_id, line in new_lines.items() if record_id not in old_lines])
+    removed = _parsed([line for record_id, line in old_lines.items() if record_id not in new_lines])
+    differing = []                            # the same bytes are the same record
     for record_id, line in new_lines.items():
-        before = old_lines.get(record_id)
-        if before is None or before == line:          # the same bytes are the same record
-            continue
-        fields = field_changes(_record(old, record_id), _record(new, record_id))
+        if old_lines.get(record_id, line) != line:
+            differing.append(record_id)
+    befores = _parsed([old_lines[record_id] for record_id in differing])
+    afters = _parsed([new_lines[record_id] for record_id in differing])
+    changed = []
+    for record_id, before, after in zip(differing, befores, afters):
+        fields = field_changes(before, after)
         if fields:
             changed.append({"record_id": record_id, "fields": fields})
     return {"added": added, "removed": removed, "changed": changed}
@@ -3457,47 +3721,40 @@ def payee_key(name):
     return (), " ".join(unicodedata.normalize("NFC", name).split())
 
 
-def snapshot_payees(snapshot):
-    """A snapshot -> [(record index, [(name, normalised account)])] of its records with payee facts, in file
-    order. Only lines that hold "payee" or an escape (which may spell it) are parsed."""
-    found = []
-    for record_id, line in record_lines(snapshot).items():
-        if b'"payee"' not in line and b"\\" not in line:
-            continue
-        i = snapshot.ids[record_id]
-        record = snapshot.record(i)
-        if "payee" in record:
-            quotes = [citation["quote"] for citation in record["evidence"]]
-            found.append((i, payee_facts(record["payee"], quotes, i + 1)))
-    return found
+def payee_views(snapshot):
+    """A snapshot -> {payee_key: PayeeView}, the payee whose newest fact is newest first: each payee's accounts,
+    with the facts that record them (newest first), and its current account(s), decided among those facts as
+    check_payee decides (current_facts)."""
+    supersession = snapshot_supersession(snapshot)
+    groups = defaultdict(list)
+    for fact in snapshot_payee_facts(snapshot):
+        groups[payee_key(fact.name)].append(fact)
+    views = {}
+    for key, facts in groups.items():
+        accounts = defaultdict(list)
+        for fact in facts:
+            accounts[fact.account].append(fact)
+        current = {fact.account for fact in current_facts(facts, supersession)}
+        views[key] = PayeeView(dict(accounts), sorted(current))
+    return views
 
 
-def payee_accounts(snapshot):
-    """A snapshot -> {payee_key: {account: [(record index, name)]}}: who is recorded with which account, and
-    where."""
-    accounts = defaultdict(functools.partial(defaultdict, list))
-    for i, facts in snapshot_payees(snapshot):
-        for name, account in facts:
-            accounts[payee_key(name)][account].append((i, name))
-    return accounts
-
-
-def _account_records(snapshot, account, places):
-    """An account and the (record index, name) pairs that record it -> what a person checks of each: the
-    record's ID, date and name, and the quotes that carry the account."""
+def _account_records(snapshot, account, facts):
+    """An account and the facts that record it -> what a person checks of each: the record's ID, date and the
+    name it gives, and the quotes that carry the account."""
     shown = []
-    for i, name in places:
-        record = snapshot.record(i)
+    for fact in facts:
+        record = snapshot.record(fact.index)
         quotes = [citation["quote"] for citation in record["evidence"]]
         carrying = [quote for quote in quotes if mentions_account(account, quote)]
         entry = {"record_id": record["record_id"], "date_last_utc": record["date_last_utc"]}
-        shown.append(dict(entry, name=name, quotes=carrying))
+        shown.append(dict(entry, name=fact.name, quotes=carrying))
     return shown
 
 
 def _account_entries(old, new, before, after):
-    """One payee's {account: places} in the old and the new pack -> its accounts, each with its status
-    (added, removed or kept) and its records: the new pack's, or the old one's for a removed account."""
+    """One payee's {account: facts} in the old and the new pack -> its accounts, each with its status (added,
+    removed or kept) and its records: the new pack's, or the old one's for a removed account."""
     entries = []
     for account in _in_both(before, after):
         status = "kept"
@@ -3514,12 +3771,13 @@ def _account_entries(old, new, before, after):
 
 
 def _change_kind(before, after):
-    """A payee's accounts in the old and the new pack -> added, removed, changed, or None (no change)."""
-    if not before:
+    """A payee's PayeeView in the old and the new pack (None where it is not named) -> added, removed, changed
+    (its accounts or its current ones differ), or None (no change)."""
+    if before is None:
         return "added"
-    if not after:
+    if after is None:
         return "removed"
-    if set(before) != set(after):
+    if set(before.accounts) != set(after.accounts) or before.current != after.current:
         return "changed"
     return None
 
@@ -3533,21 +3791,28 @@ def _payee_name(accounts):
     return accounts[0]["records"][0]["name"]
 
 
+def _current_accounts(view):
+    """A payee's PayeeView, or None where the pack does not name it -> its current accounts."""
+    if view is None:
+        return []
+    return view.current
+
+
 def payee_changes(old, new):
-    """Two snapshots -> one entry per payee whose accounts differ: {"payee", "change", "accounts"}, in the order
-    the payees first appear in the new pack, then the old one."""
-    old_accounts = payee_accounts(old)
-    new_accounts = payee_accounts(new)
+    """Two snapshots -> one entry per payee whose accounts, or current accounts, differ: {"payee", "change",
+    "current": {"old", "new"}, "accounts"}; the new pack's payees first, then those only in the old one."""
+    old_views = payee_views(old)
+    new_views = payee_views(new)
     changes = []
-    for key in _in_both(new_accounts, old_accounts):
-        before = old_accounts.get(key, {})
-        after = new_accounts.get(key, {})
+    for key in _in_both(new_views, old_views):
+        before = old_views.get(key)
+        after = new_views.get(key)
         kind = _change_kind(before, after)
         if kind is None:
             continue
-        accounts = _account_entries(old, new, before, after)
-        name = _payee_name(accounts)
-        changes.append({"payee": name, "change": kind, "accounts": accounts})
+        accounts = _account_entries(old, new, getattr(before, "accounts", {}), getattr(after, "accounts", {}))
+        current = {"old": _current_accounts(before), "new": _current_accounts(after)}
+        changes.append({"payee": _payee_name(accounts), "change": kind, "current": current, "accounts": accounts})
     return changes
 
 
@@ -3567,20 +3832,17 @@ def compare_packs(old, new, old_head, new_head):
 
 
 def payee_table(snapshot):
-    """A snapshot -> its payee facts as a person checks them: [{"account", "name", "record_id", "date_last_utc"}],
-    a payee's facts together (payee_key, in file order), newest first, then by record ID."""
-    by_payee = defaultdict(list)
-    for i, facts in snapshot_payees(snapshot):
-        record = snapshot.record(i)
-        for name, account in facts:
-            row = {"account": account, "name": name, "record_id": record["record_id"]}
-            row["date_last_utc"] = record["date_last_utc"]
-            by_payee[payee_key(name)].append(row)
+    """A snapshot -> its payee facts as a person checks them: [{"account", "status", "name", "record_id",
+    "date_last_utc"}], a payee's facts together (payee_views' order), newest first; status "current" for a
+    current account of the payee, else "earlier"."""
     rows = []
-    for payee_rows in by_payee.values():
-        payee_rows.sort(key=lambda row: row["record_id"])
-        payee_rows.sort(key=lambda row: row["date_last_utc"], reverse=True)     # stable: ties keep record ID order
-        rows += payee_rows
+    for view in payee_views(snapshot).values():
+        facts = sorted(fact for facts in view.accounts.values() for fact in facts)
+        for fact in facts:
+            status = "current" if fact.account in view.current else "earlier"
+            row = {"account": fact.account, "status": status, "name": fact.name, "record_id": fact.record_id}
+            row["date_last_utc"] = snapshot.record(fact.index)["date_last_utc"]
+            rows.append(row)
     return rows
 
 
@@ -3598,6 +3860,8 @@ def _payee_lines(change):
     """One payee change -> its lines of diff text: the payee, then each account (+ added, - removed, = kept)
     with the records and quotes that carry it."""
     lines = ["  %s: account %s" % (_quoted_json(change["payee"]), change["change"])]
+    current = change["current"]
+    lines.append("    current: %s -> %s" % (" ".join(current["old"]) or "none", " ".join(current["new"]) or "none"))
     for entry in change["accounts"]:
         mark = PAYEE_MARKS[entry["status"]]
         lines.append("    %s %s (%s)" % (mark, entry["account"], entry["status"]))
@@ -4480,10 +4744,12 @@ MAKER_HTML = """<!doctype html>
     <button id="download" type="button">Download records</button>
     <div id="payees-panel" hidden>
       <h3 id="payees-heading">Payee accounts in the built pack</h3>
-      <p class="hint">Check each account against a contact you already had before anyone is paid from this pack.</p>
+      <p class="hint">Check each account against a contact you already had before anyone is paid from this pack.
+        A payee's current account is the one its newest record gives (see supersedes); check_payee answers
+        no_match for an earlier one.</p>
       <table id="payees" aria-labelledby="payees-heading">
-        <thead><tr><th scope="col">Account</th><th scope="col">Payee</th><th scope="col">Record</th>
-          <th scope="col">Date</th></tr></thead>
+        <thead><tr><th scope="col">Account</th><th scope="col">Status</th><th scope="col">Payee</th>
+          <th scope="col">Record</th><th scope="col">Date</th></tr></thead>
         <tbody></tbody>
       </table>
     </div>
@@ -4756,7 +5022,8 @@ function renderPayees(rows) {
   const body = document.querySelector("#payees tbody");
   body.replaceChildren();
   for (const row of rows) {
-    const cells = [row.account, row.name, row.record_id, row.date_last_utc].map((text) => element("td", text));
+    const texts = [row.account, row.status, row.name, row.record_id, row.date_last_utc];
+    const cells = texts.map((text) => element("td", text));
     cells[0].className = "account";
     const line = element("tr");
     line.append(...cells);
@@ -5460,9 +5727,14 @@ COMMANDS = {"serve": (SERVE_FLAGS, {}, ()), "check": (SERVE_FLAGS, {}, ()),
 HELP_FLAGS = {"--help": "help", "-h": "help", "--version": "version"}
 # check-payee --help: each reason the payee check answers with -> what it means and what an agent does then
 PAYEE_REASON_HELP = {
-    "account_and_name_recorded": "a record pairs this account with exactly this name: proceed",
-    "name_close": "the account is recorded for a name that differs only harmlessly (case, accents, punctuation, "
-                  "word order, titles, legal form, 1-2 typing errors): confirm the recorded name with the person",
+    "account_and_name_recorded": "the account is the payee's current one and a current record pairs it with exactly "
+                                 "this name: proceed; with account_changed, first confirm it with the payee "
+                                 "through a contact from an earlier record",
+    "name_close": "the account is the payee's current one, recorded for a name that differs only harmlessly (case, "
+                  "accents, punctuation, word order, titles, legal form, 1-2 typing errors): confirm the recorded "
+                  "name with the person",
+    "account_superseded": "an earlier account of this payee, superseded by a newer record or by a record's "
+                          "supersedes: stop and ask the person; account_superseded gives the current one",
     "account_recorded_for_other_payee": "the account is recorded for someone else: stop and ask the person",
     "payee_recorded_with_other_account": "this payee is recorded only with other accounts: stop and ask the person",
     "account_malformed": "not an account: stop and ask the person",
@@ -5482,18 +5754,23 @@ Rules, in order; the first that applies decides:
   2. An IBAN (two letters, two digits, 11 to 30 more) must pass ISO 13616: a registry country, its length and
      BBAN format, check digits 02-98, mod 97 = 1; nine digits must pass the ABA checksum (weights 3, 7, 1);
      else account_invalid_checksum.
-  3. The deciding payee facts are those that record this account with any name, or this payee with any
-     account. A recorded name is this payee when it equals NAME after NFC and collapsing white space
-     (exact), or has the same words in any order once case, accents, punctuation, titles and legal forms
-     are set aside.
-  4. A fact with this account and the exact name: account_and_name_recorded, even when the payee is also
-     recorded with other accounts (all are listed in records, newest date_last_utc first).
-  5. Else a fact with this account and a close name (the same words, or 1 edit apart from 5 characters and
-     2 from 13): name_close.
-  6. Else a fact with this account and another name: account_recorded_for_other_payee.
-  7. Else a fact with this payee and another account: payee_recorded_with_other_account.
-  8. Else: not_in_memory.
-Only an exact name can give match; nothing fuzzy ever does.
+  3. The payee's records are those whose payee name is NAME exactly (equal after NFC and collapsing white
+     space) or closely: the same words in any order once case, accents, punctuation, titles and legal forms
+     are set aside, or 1 edit apart from 5 characters and 2 from 13.
+  4. A record listed in another record's supersedes (a record ID or a list of them) is superseded, whatever
+     its date. An ID that names no record of this pack is ignored. A cycle of supersedes puts the records on
+     it, and those they supersede, in doubt.
+  5. The payee's current account(s) are those of its newest record (date_last_utc) that nothing
+     supersedes; on a tie, all the tied ones. None while a record in doubt is newer.
+  6. ACCOUNT is current and a current record pairs it with exactly NAME: account_and_name_recorded; with
+     only a close name: name_close. Either adds account_changed when the payee had other accounts before:
+     confirm with the payee through a contact from an earlier record before paying.
+  7. Else ACCOUNT is an earlier account of the payee: account_superseded (with the current account(s) and
+     the record that superseded it).
+  8. Else ACCOUNT is recorded for another name: account_recorded_for_other_payee.
+  9. Else the payee is recorded with other accounts: payee_recorded_with_other_account.
+ 10. Else: not_in_memory.
+Only an exact name in a current record can give match; nothing fuzzy ever does.
 
 Outcomes and reasons:
 """
