@@ -5100,6 +5100,9 @@ class TestNewestRecordDecides(unittest.TestCase):
         later = fact(-9, "M-later", 3, "Hollow Oak Seeds Ltd", "111000025")   # newer than the cycle: current
         self.assertEqual(self.judge("Hollow Oak Seeds Ltd", "111000025", [self.JAN, x, y, later], cycle),
                          ("account_and_name_recorded", ["M-later"]))
+        tied = fact(-8, "M-tied", 3, "Hollow Oak Seeds Ltd", "111000025")     # as new as the newest in doubt
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", "111000025", [self.JAN, x, y, tied], cycle),
+                         ("account_and_name_recorded", ["M-tied"]))
         self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN], {0: [0]}),
                          ("account_superseded", []))              # a record that names itself
         below = {1: [2], 2: [1, 3]}                              # the cycle also supersedes a newer record
@@ -5381,6 +5384,24 @@ class TestNewestRecordInPacks(PayeeCase):
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(json.loads(done.stdout)["account_changed"], {
             "current_since_utc": "2026-07-01T09:00:00Z", "earlier_total": 1, "earlier": [
+                {"account": IBAN_DE, "record_id": "M-jan", "date_last_utc": "2026-01-10T09:00:00Z"}]})
+
+    def test_a_chain_of_three_accounts_names_who_changed_each(self):
+        messages = self.SEEDS + [
+            message(3, "From March: Hollow Oak Seeds Ltd, DE44 5001 0517 5407 3249 31.", "2026-03-01T09:00:00Z"),
+            message(4, "Still: Hollow Oak Seeds Ltd, GB82 WEST 1234 5698 7654 32.", "2026-08-01T09:00:00Z")]
+        mar = payee_record("M-mar", 3, "Hollow Oak Seeds Ltd, DE44 5001 0517 5407 3249 31", "Hollow Oak Seeds Ltd",
+                           IBAN_NEW)
+        aug = payee_record("M-aug", 4, "Hollow Oak Seeds Ltd, GB82 WEST 1234 5698 7654 32", "Hollow Oak Seeds Ltd",
+                           IBAN_GB)
+        self.pack(self.JAN, mar, self.JUL, aug, messages=messages)
+        current = [{"account": IBAN_GB, "record_id": "M-aug", "date_last_utc": "2026-08-01T09:00:00Z"}]
+        for account, by in ((IBAN_DE, ["M-mar"]), (IBAN_NEW, ["M-jul"])):
+            self.assertEqual(self.check("Hollow Oak Seeds Ltd", account)["account_superseded"],
+                             {"current": current, "superseded_by": by, "in_doubt": []})
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["account_changed"], {
+            "current_since_utc": "2026-07-01T09:00:00Z", "earlier_total": 2, "earlier": [
+                {"account": IBAN_NEW, "record_id": "M-mar", "date_last_utc": "2026-03-01T09:00:00Z"},
                 {"account": IBAN_DE, "record_id": "M-jan", "date_last_utc": "2026-01-10T09:00:00Z"}]})
 
     def test_supersedes_from_the_builder_and_ids_of_no_record_here(self):

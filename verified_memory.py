@@ -968,7 +968,9 @@ def verify_pack_files(files):
 # ============================================================================
 # A record may carry "payee": {"name", "account"} (or a list of them), anchored in its quotes. The builder
 # and the pack verifier check it with the same function (payee_facts); the payee tool decides with
-# judge_payee. Nothing fuzzy can ever produce a match: only an exact name does.
+# judge_payee. Nothing fuzzy can ever produce a match: only an exact name does. Bank details change, and the
+# message announcing it is what a fraudster sends, so the payee's newest record decides which account is
+# current (current_facts); a record's "supersedes" metadata can retire another whatever its date.
 
 MAX_PAYEES = 16                   # payee facts in one record
 MAX_PAYEE_NAME = 200              # characters
@@ -2592,8 +2594,7 @@ class PayeeIndex:
         facts = set(self.by_account.get(account, ()))
         facts.update(self.by_words.get(_sorted_words(name), ()))
         for recorded in self.close_names.candidates(name):
-            if names_match(name, recorded) != "different":
-                facts.update(self.by_name[recorded])
+            facts.update(self.by_name[recorded])
         return sorted(facts)
 
     def dated(self, fact):
