@@ -5404,12 +5404,24 @@ class TestNewestRecordInPacks(PayeeCase):
                 {"account": IBAN_NEW, "record_id": "M-mar", "date_last_utc": "2026-03-01T09:00:00Z"},
                 {"account": IBAN_DE, "record_id": "M-jan", "date_last_utc": "2026-01-10T09:00:00Z"}]})
 
+    def test_a_newer_record_of_the_same_account_did_not_supersede_it(self):
+        # January's account again in March, then July's: July superseded it, not March
+        messages = self.SEEDS + [message(3, "Again: Hollow Oak Seeds Ltd, DE89 3704 0044 0532 0130 00.",
+                                         "2026-03-01T09:00:00Z")]
+        again = payee_record("M-mar", 3, "Hollow Oak Seeds Ltd, DE89 3704 0044 0532 0130 00", "Hollow Oak Seeds Ltd",
+                             IBAN_DE)
+        self.pack(self.JAN, again, self.JUL, messages=messages)
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["account_superseded"]["superseded_by"], ["M-jul"])
+
     def test_supersedes_from_the_builder_and_ids_of_no_record_here(self):
         # July's record names January's and one from an earlier pack; January's names a newer record back
         jul = json.loads(self.JUL)
         jul["supersedes"] = ["M-jan", "M-from-last-year"]
         self.pack(self.JAN, json.dumps(jul))
         self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["account_superseded"]["superseded_by"], ["M-jul"])
+        jul["supersedes"] = "M-from-last-year"              # the first record of the file names no record here
+        self.pack(json.dumps(jul), self.JAN)
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["reason"], "account_and_name_recorded")
         jan = json.loads(self.JAN)
         jan["supersedes"] = "M-jul"                          # the signer found July's message was the fraud
         self.pack(json.dumps(jan), self.JUL)
@@ -5450,6 +5462,9 @@ class TestNewestRecordInPacks(PayeeCase):
         tools = vm.ToolServer(self.load(escaped), lambda: NOW)
         self.assertEqual(tools.call(PAYEE, {"payee": "Hollow Oak Seeds Ltd", "account": IBAN_DE})[0]["reason"],
                          "account_and_name_recorded")
+        # diff and the maker read supersedes from the snapshot's lines: the escaped key counts there too
+        self.assertEqual(vm.snapshot_supersession(tools.snapshot), tools.payees.supersession)
+        self.assertEqual(tools.payees.supersession.superseded_by, {1: [0]})
 
 
 class TestPayeeFactsInPacks(RecordsCase):

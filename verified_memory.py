@@ -1034,6 +1034,8 @@ def _spelling_table():
 
 
 _SPELLING = _spelling_table()
+_OUTLINE = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789|", b"0" * 37)   # a piece's bytes as "0"s
+_PIECE_START = ord("1")
 
 
 def _letter_digits():
@@ -1051,7 +1053,7 @@ _LETTER_DIGITS = _letter_digits()
 @functools.lru_cache(maxsize=None)
 def _bban_format(country):
     """A registry country code -> (its BBAN format, the length of its IBANs, a pattern that matches exactly its
-    BBANs), or None."""
+    BBANs, the code read as digits as ISO 7064 reads it), or None."""
     spec = IBAN_BBAN.get(country)
     if spec is None:
         return None
@@ -1060,7 +1062,7 @@ def _bban_format(country):
     for count, kind in _BBAN_PART.findall(spec):
         pattern += "[%s]{%s}" % (_BBAN_CLASSES[kind], count)
         length += int(count)
-    return spec, length, re.compile(pattern)
+    return spec, length, re.compile(pattern), country.translate(_LETTER_DIGITS)
 
 
 def _iban_problem(iban):
@@ -1071,14 +1073,16 @@ def _iban_problem(iban):
     bban = _bban_format(country)
     if bban is None:
         return "IBAN country code %s is not in the IBAN registry" % country
-    spec, length, pattern = bban
+    spec, length, pattern, country_digits = bban
     if len(iban) != length:
         return "an IBAN from %s has %d characters, this one has %d" % (country, length, len(iban))
     if not pattern.fullmatch(iban[4:]):
         return "the IBAN does not have the %s account format (BBAN %s)" % (country, spec)
     check_digits = int(iban[2:4])
-    moved = iban[4:] + iban[:4]
-    number = int(moved.translate(_LETTER_DIGITS))
+    digits = iban[4:]
+    if not digits.isdigit():                  # most BBANs are digits only, and a translation is slow
+        digits = digits.translate(_LETTER_DIGITS)
+    number = int(digits + country_digits + iban[2:4])       # the BBAN, then the country and check digits
     if not 2 <= check_digits <= 98 or number % 97 != 1:
         return "the IBAN check digits do not match (ISO 7064 mod 97-10): a character is mistyped or two are swapped"
     return None
@@ -1126,14 +1130,16 @@ def check_account(text):
 class AccountSpellings:
     """Texts read for the accounts they spell out (mentions_account's rule), once for all the quotes of a
     record so that each of its payees is looked up at C speed: the texts' tokens upper-cased, end to end, with
-    "|" for each character that ends a chain (`squashed`), and where each token starts and ends."""
+    "|" for each character that ends a chain and one more at the end (`squashed`), and for each of its bytes
+    "1" where a piece (a token or a "|") starts, else "0" (`starts`)."""
 
     def __init__(self, texts):
         utf8 = "\n".join(texts).encode("utf-8", "surrogatepass")
-        spaced = utf8.translate(_SPELLING).replace(b"|", b" | ")
-        pieces = spaced.split()               # tokens, and a "|" for each character that ends a chain
-        self.squashed = b"".join(pieces)
-        self.bounds = set(accumulate(map(len, pieces), initial=0))      # where each piece starts and ends
+        # each piece after a space, a "|" apart from its neighbours, and a last "|" where the texts end
+        spaced = b" " + utf8.translate(_SPELLING).replace(b"|", b" | ") + b" |"
+        self.squashed = spaced.replace(b" ", b"")
+        outline = spaced.translate(_OUTLINE)  # a piece's bytes as "0"s, the spaces kept
+        self.starts = outline.replace(b" 0", b"1").replace(b" ", b"")
 
     def spell(self, account):
         """Whether whole tokens of one chain, end to end, spell the normalised `account`."""
@@ -1141,7 +1147,7 @@ class AccountSpellings:
         at = self.squashed.find(needle)
         while at >= 0:
             end = at + len(needle)
-            if at in self.bounds and end in self.bounds:
+            if self.starts[at] == _PIECE_START and self.starts[end] == _PIECE_START:
                 return True
             at = self.squashed.find(needle, at + 1)
         return False
