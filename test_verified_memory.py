@@ -5346,6 +5346,17 @@ class TestCloseNames(unittest.TestCase):
                     self.assertTrue(not by_edits or name in candidates, (asked, name))
         self.assertGreater(close, 3000)
 
+    def test_a_long_name_has_few_keys_and_is_found_two_edits_away(self):
+        # the index stays linear in the names' size: five parts in each word order, whatever the name's length
+        words = ["word%03d" % k for k in range(24, -1, -1)]
+        name = " ".join(words)[:200]
+        index = vm.CloseNames([name])
+        self.assertEqual(len(index.by_key), 10)
+        self.assertEqual(sum(len(key) for key in index.by_key), 2 * len(name) + 10 * len("p199.0:"))
+        twice = name[:7] + "x" + name[8:90] + name[91:]             # a substitution and a deletion
+        self.assertEqual(index.candidates(twice), {name})
+        self.assertEqual(vm.names_match(twice, name), "close")
+
     def test_far_names_are_not_candidates(self):
         index = vm.CloseNames(["Hollow Oak Seeds Ltd", "Firm 123", "Juniper Street Community Garden"])
         self.assertEqual(index.candidates("Holow Oak Seed"), {"Hollow Oak Seeds Ltd"})
@@ -5412,18 +5423,32 @@ class TestNewestRecordInPacks(PayeeCase):
                              IBAN_DE)
         self.pack(self.JAN, again, self.JUL, messages=messages)
         self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["account_superseded"]["superseded_by"], ["M-jul"])
+        # the earlier account is listed once, with its newest record; a close name gets account_changed too
+        changed = {"current_since_utc": "2026-07-01T09:00:00Z", "earlier_total": 1, "earlier": [
+            {"account": IBAN_DE, "record_id": "M-mar", "date_last_utc": "2026-03-01T09:00:00Z"}]}
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["account_changed"], changed)
+        close = self.check("hollow oak seeds", IBAN_GB)
+        self.assertEqual((close["outcome"], close["account_changed"]), ("close_match", changed))
+
+    def test_a_short_name_in_another_word_order_is_the_same_payee(self):
+        # "Q P Ltd" has words too short for CloseNames' keys: the index finds it by its words in any order
+        messages = [message(1, "Pay Q P Ltd at routing 111000025.", "2026-01-10T09:00:00Z")]
+        self.pack(payee_record("M-qp", 1, "Q P Ltd at routing 111000025", "Q P Ltd", "111000025"), messages=messages)
+        payload = self.check("P Q", IBAN_DE)
+        self.assertEqual((payload["reason"], [r["record_id"] for r in payload["records"]]),
+                         ("payee_recorded_with_other_account", ["M-qp"]))
 
     def test_supersedes_from_the_builder_and_ids_of_no_record_here(self):
         # July's record names January's and one from an earlier pack; January's names a newer record back
         jul = json.loads(self.JUL)
-        jul["supersedes"] = ["M-jan", "M-from-last-year"]
+        jul["supersedes"] = ["M-from-last-year", "M-jan"]
         self.pack(self.JAN, json.dumps(jul))
         self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["account_superseded"]["superseded_by"], ["M-jul"])
         jul["supersedes"] = "M-from-last-year"              # the first record of the file names no record here
         self.pack(json.dumps(jul), self.JAN)
         self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["reason"], "account_and_name_recorded")
         jan = json.loads(self.JAN)
-        jan["supersedes"] = "M-jul"                          # the signer found July's message was the fraud
+        jan["supersedes"] = ["M-from-last-year", "M-jul"]     # the signer found July's message was the fraud
         self.pack(json.dumps(jan), self.JUL)
         self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["reason"], "account_and_name_recorded")
         payload = self.check("Hollow Oak Seeds Ltd", IBAN_GB)

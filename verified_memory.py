@@ -2433,6 +2433,9 @@ def _newest_first(mention):
     return -parse_utc(mention["date_last_utc"]), mention["record_id"]
 
 
+CLOSE_PARTS = 5        # two edits change at most four parts of a text cut in five
+
+
 def _deletions(text):
     """A text and each text one character shorter that it gives: two texts within 1 edit always share one."""
     found = {text}
@@ -2449,25 +2452,32 @@ def _word_forms(name):
     return {" ".join(words), " ".join(sorted(words))}
 
 
+def _part_bounds(size):
+    """Where each of the CLOSE_PARTS parts of a text of `size` characters starts, and where the last ends."""
+    return [size * k // CLOSE_PARTS for k in range(CLOSE_PARTS + 1)]
+
+
 def _keys(text):
     """What CloseNames files a recorded text under. Texts within 1 edit (the longer 5 to 12 characters) share a
-    "d" key: one of their _deletions. Texts within 2 edits (the longer from 13 characters, so both from 11) keep
-    one half within 1 edit of the same stretch of the other: "p" keys for the first half, "s" for the second,
-    with the recorded text's length, which fixes where its halves split."""
+    "d" key: one of their _deletions. Texts within 2 edits (the longer from 13 characters, so both from 11):
+    an edit changes at most two neighbouring characters, so two leave one of the recorded text's CLOSE_PARTS
+    parts whole in the other text, at most 2 characters from where it lies in the recorded one. Its "p" keys:
+    each part with its number and the recorded text's length, which fixes where the parts lie. Few keys a name,
+    each shorter than it, so the index stays linear in the names' size."""
     size = len(text)
     keys = []
     if 4 <= size <= 12:
         keys += ["d:" + part for part in _deletions(text)]
     if size >= 11:
-        middle = size // 2
-        keys += ["p%d:%s" % (size, part) for part in _deletions(text[:middle])]
-        keys += ["s%d:%s" % (size, part) for part in _deletions(text[middle:])]
+        bounds = _part_bounds(size)
+        for k in range(CLOSE_PARTS):
+            keys.append("p%d.%d:%s" % (size, k, text[bounds[k]:bounds[k + 1]]))
     return keys
 
 
 def _probes(text):
     """The keys to look up for an asked text: its own "d" keys, and for each length a recorded text within 2
-    edits may have, the _deletions of each stretch of it where that text's halves may lie (1 edit either way)."""
+    edits may have, each stretch of the asked text where a part of it may lie whole (2 characters either way)."""
     size = len(text)
     probes = []
     if 4 <= size <= 12:
@@ -2475,12 +2485,11 @@ def _probes(text):
     if size < 11:
         return probes
     for recorded in range(max(11, size - 2), size + 3):
-        first = recorded // 2
-        second = recorded - first
-        for length in (first - 1, first, first + 1):
-            probes += ["p%d:%s" % (recorded, part) for part in _deletions(text[:length])]
-        for length in (second - 1, second, second + 1):
-            probes += ["s%d:%s" % (recorded, part) for part in _deletions(text[size - length:])]
+        bounds = _part_bounds(recorded)
+        for k in range(CLOSE_PARTS):
+            length = bounds[k + 1] - bounds[k]
+            for start in range(max(0, bounds[k] - 2), bounds[k] + 3):
+                probes.append("p%d.%d:%s" % (recorded, k, text[start:start + length]))
     return probes
 
 
