@@ -2377,10 +2377,14 @@ def _argument_error(name, arguments):
     return None
 
 
+_NOT_DIGIT_BYTES = bytes(byte for byte in range(256) if byte not in b"0123456789")
+
+
 def _quote_digits(record):
-    """A record -> the ASCII digits of its quotes, run together."""
+    """A record -> the ASCII digits of its quotes, run together (UTF-8 writes no other character with them)."""
     quotes = [citation["quote"] for citation in record["evidence"]]
-    return _NOT_DIGITS.sub("", "\n".join(quotes))
+    utf8 = "\n".join(quotes).encode("utf-8", "surrogatepass")
+    return utf8.translate(None, _NOT_DIGIT_BYTES).decode("ascii")
 
 
 def _mention(record, account):
@@ -2503,9 +2507,13 @@ class CloseNames:
     def __init__(self, names):
         self.by_key = defaultdict(set)
         for name in names:
-            for text in _word_forms(name):
-                for key in _keys(text):
-                    self.by_key[key].add(name)
+            self.add(name)
+
+    def add(self, name):
+        """File one recorded name under its keys."""
+        for text in _word_forms(name):
+            for key in _keys(text):
+                self.by_key[key].add(name)
 
     def candidates(self, name):
         """An asked name -> recorded names that may be within edits of it (a superset; see the contract)."""
@@ -2528,9 +2536,10 @@ class PayeeIndex:
         for fact in self.facts():
             self.by_account[fact.account].append(fact)
             self.by_name[fact.name].append(fact)
-        for name, facts in self.by_name.items():       # name_words once a name
+        self.close_names = CloseNames(())
+        for name, facts in self.by_name.items():       # name_words once a name, while it is in its cache
             self.by_words[_sorted_words(name)] += facts
-        self.close_names = CloseNames(self.by_name)
+            self.close_names.add(name)
         count = snapshot.pack["records"]
         records = [snapshot.record(i) for i in range(count)]
         digits = [_quote_digits(record) for record in records]
