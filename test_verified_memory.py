@@ -2100,8 +2100,8 @@ def shown(text):
 
 POSIX_ARGUMENTS = os.name != "nt"       # POSIX passes arguments as bytes, so any byte but NUL can arrive
 LONG = 100000 if POSIX_ARGUMENTS else 10000     # a Windows command line holds at most 32,767 characters
-COMMAND_LIST = ("commands: serve, check, search, get, check-payee, build, sign, dist, import, export-shape, maker, "
-                "help")
+COMMAND_LIST = ("commands: serve, check, search, get, check-payee, build, sign, diff, dist, import, export-shape, "
+                "maker, help")
 
 
 class TestEveryInputGetsAnAnswer(TempDirCase):
@@ -2162,6 +2162,10 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                  "--description must be UTF-8 text, got '\\udcfe\\udcff'"),
                 (["sign", "--pack", EXAMPLE, "--key", os.path.join(self.tmp, "k"), "--expires", b"90\xff", "--out",
                   out], "--expires must be UTF-8 text, got '90\\udcff'"),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "1d", "--out", out, "--previous", EXAMPLE,
+                  "--accept-payee-changes", b"\xff"], "--accept-payee-changes must be UTF-8 text, got '\\udcff'"),
+                (["diff", "--old", EXAMPLE, "--new", EXAMPLE, "--min-sequence", b"\xff"],
+                 "--min-sequence must be UTF-8 text, got '\\udcff'"),
                 (["dist", "--out", out, "--pypi-name", b"vm\xff"], "--pypi-name must be UTF-8 text, got 'vm\\udcff'"),
                 (["maker", "--export", self.export, "--out", out, "--port", b"\xff"],
                  "--port must be UTF-8 text, got '\\udcff'"),
@@ -2184,6 +2188,8 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
         self.answer(["get", "--pack", raw, "M-garden-11"], 0)
         self.answer(["check-payee", "--pack", raw, "--payee", "Hollow Oak Seeds Ltd", "--account",
                      "DE89370400440532013000"], 0)
+        printed = self.answer(["diff", "--old", raw, "--new", EXAMPLE], 0)
+        self.assertTrue(printed.startswith(b"old pack: " + raw + b"\nnew pack: "), printed[:100])
         self.answer(["serve", "--pack", raw], 0, stdout=b"")            # no client: stdin is empty
         missing = os.path.join(self.tmp, "none " + odd)
         self.answer(["check", "--pack", os.fsencode(missing)], 1, "verified-memory: refused: pack folder %s cannot "
@@ -2227,6 +2233,10 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
             printed = self.answer(["sign", "--pack", raw, "--key", key, "--expires", "30d", "--out",
                                    os.fsencode(signed)], 0)
             self.assertTrue(printed.startswith(b"signed " + os.fsencode(signed) + b" (expires "), printed)
+            again = os.fsencode(os.path.join(self.tmp, "again " + odd))
+            printed = self.answer(["sign", "--pack", raw, "--key", key, "--expires", "30d", "--out", again,
+                                   "--previous", os.fsencode(signed)], 0)
+            self.assertTrue(printed.startswith(b"old pack: " + os.fsencode(signed) + b"\nnew pack: " + raw), printed)
 
     def test_empty_arguments(self):
         out = os.path.join(self.tmp, "out")
@@ -2240,6 +2250,12 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                 (["build", "--messages", "", "--records", self.records, "--out", out, "--title", "T"],
                  "--messages is empty"),
                 (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "", "--out", out], "--expires is empty"),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "1d", "--out", out, "--previous", ""],
+                 "--previous is empty"),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "1d", "--out", out, "--previous", EXAMPLE,
+                  "--accept-payee-changes="], "--accept-payee-changes is empty"),
+                (["diff", "--old", "", "--new", EXAMPLE], "--old is empty"),
+                (["diff", "--old", EXAMPLE, "--new="], "--new is empty"),
                 (["dist", "--out", ""], "--out is empty"),
                 (["import", "--export", "", "--out", out], "--export is empty"),
                 (["export-shape", ""], "FILE is empty"),
@@ -2264,6 +2280,8 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                      ["sign", "--pack", long_path, "--key", "k", "--expires", "1d", "--out", "s"]):
             with self.subTest(command=args[0]):
                 self.answer(args, 1, stdout=b"")
+        self.answer(["diff", "--old", EXAMPLE, "--new", long_path], 2, stdout=b"",
+                    starts="verified-memory: refused: --new %s: pack folder " % long_path)     # diff: 2, not 1
         write(os.path.join(self.tmp, "k.pub"), test_key(KEY_A)[3] + "\n")     # sign reads the public key first
         for args, message in (
                 (["search", "--pack", EXAMPLE, "w" * LONG], "verified-memory: argument 'query' must be 1 to 512 "
@@ -2272,7 +2290,9 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                 (["check-payee", "--pack", EXAMPLE, "--payee", "n" * LONG, "--account", "1" * 100],
                  "verified-memory: argument 'payee' must be 1 to 200 characters long"),
                 (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "9" * LONG, "--out", "s"],
-                 "verified-memory: refused: --expires must be a number of days like 90d or a UTC time: ")):
+                 "verified-memory: refused: --expires must be a number of days like 90d or a UTC time: "),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "1d", "--out", "s", "--previous", long_path],
+                 "verified-memory: refused: --previous %s: pack folder " % long_path)):
             with self.subTest(command=args[0]):
                 self.answer(args, 1, stdout=b"", starts=message)
         os.unlink(os.path.join(self.tmp, "k.pub"))
@@ -2284,6 +2304,9 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                  "--port must be a port number from 0 (any free port) to 65535"),
                 (["check", "--pack", EXAMPLE, "--min-sequence", "9" * LONG],
                  "--min-sequence must be a whole number, 0 or more, got %r" % ("9" * LONG)),
+                (["sign", "--pack", EXAMPLE, "--key", "k", "--expires", "1d", "--out", "s", "--previous", EXAMPLE,
+                  "--accept-payee-changes", "9" * LONG],
+                 "--accept-payee-changes must be a whole number, 0 or more, got %r" % ("9" * LONG)),
                 (["help", "x" * LONG], "help takes no positional arguments")):
             with self.subTest(command=args[0]):
                 self.usage(args, message)
@@ -2317,6 +2340,9 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
         self.assertTrue(printed.decode().startswith("wrote %s from a ChatGPT export"
                                                     % os.path.join(here, "messages.jsonl")), printed)
         self.assertTrue(self.answer(["export-shape", "export.zip"], 0).startswith(b"conversations.json  "))
+        printed = self.answer(["diff", "--old", "pack", "--new", "built"], 0)      # the same records
+        self.assertEqual(printed.decode().splitlines()[:2], ["old pack: " + os.path.join(here, "pack"),
+                                                             "new pack: " + built])
         printed = self.answer(["dist", "--out", "dist"], 0)
         self.assertTrue(printed.decode().startswith(os.path.join(here, "dist", BUNDLE) + "  "), printed)
         dotted = os.path.join("input", "..", "input", "records.jsonl")
@@ -2327,6 +2353,10 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
                   "b2" + os.sep, "--title", "T"], "--out", "b2" + os.sep),
                 (["sign", "--pack", "pack" + os.sep, "--key", "k", "--expires", "1d", "--out", "s"], "--pack",
                  "pack" + os.sep),
+                (["sign", "--pack", "pack", "--key", "k", "--expires", "1d", "--out", "s", "--previous",
+                  os.path.join(".", "pack")], "--previous", os.path.join(".", "pack")),
+                (["diff", "--old", "pack", "--new", os.path.join("x", "..", "pack")], "--new",
+                 os.path.join("x", "..", "pack")),
                 (["dist", "--out", os.path.join(".", "d2")], "--out", os.path.join(".", "d2")),
                 (["import", "--export", os.path.join("..", "export.zip"), "--out", "m2"], "--export",
                  os.path.join("..", "export.zip")),
@@ -4100,7 +4130,7 @@ class TestBuilderRules(unittest.TestCase):
                  (dict(base, statement="  "), "statement: must be a non-empty string"),
                  (dict(base, speaker=""), "speaker: must be a non-empty string"),
                  (dict(base, evidence=[]), "evidence: is not a known field (expected record_id, role, topic, "
-                                           "category, quotes, statement, speaker, payee)"),
+                                           "category, quotes, statement, speaker, payee, supersedes)"),
                  ({k: v for k, v in base.items() if k != "quotes"}, "quotes: is missing"))
         for obj, expected in cases:
             with self.subTest(expected=expected):
@@ -4975,20 +5005,24 @@ class TestPayeeDecision(unittest.TestCase):
                     vm.PayeeFact(-2, "M-fern", 1, "Fern Ltd", "111000025")])
 
     def judge(self, name, account):
-        reason, related = vm.judge_payee(name, account, self.FACTS)
-        return reason, [(how, fact.record_id) for how, fact in related]
+        decision = vm.judge_payee(name, account, self.FACTS)
+        return decision.reason, [(how, fact.record_id) for how, fact in decision.related]
 
-    def test_a_payee_with_two_accounts_matches_either_and_lists_both_newest_first(self):
-        for account in (IBAN_DE, IBAN_GB):
-            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account),
-                             ("account_and_name_recorded", [("exact", "M-new"), ("exact", "M-old")]))
+    def test_the_newer_account_matches_the_older_is_superseded_and_both_are_listed_newest_first(self):
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB),
+                         ("account_and_name_recorded", [("exact", "M-new"), ("exact", "M-old")]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE),
+                         ("account_superseded", [("exact", "M-new"), ("exact", "M-old")]))
         self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_NEW),
                          ("payee_recorded_with_other_account", [("exact", "M-new"), ("exact", "M-old")]))
-        self.assertEqual(self.judge("hollow oak seeds", IBAN_DE),
+        self.assertEqual(self.judge("hollow oak seeds", IBAN_GB),
                          ("name_close", [("close", "M-new"), ("close", "M-old")]))
-        # a typo is close only for the name recorded with this account: the payee is found by its words
-        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_DE), ("name_close", [("close", "M-old")]))
-        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_NEW), ("not_in_memory", []))
+        self.assertEqual(self.judge("hollow oak seeds", IBAN_DE)[0], "account_superseded")
+        # a name within edits names the payee too, whatever the account
+        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_GB),
+                         ("name_close", [("close", "M-new"), ("close", "M-old")]))
+        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_DE)[0], "account_superseded")
+        self.assertEqual(self.judge("Holow Oak Seeds Ltd", IBAN_NEW)[0], "payee_recorded_with_other_account")
         self.assertEqual(self.judge("Seeds Hollow Oak", IBAN_NEW)[0], "payee_recorded_with_other_account")
 
     def test_account_of_someone_else_and_nothing_known(self):
@@ -5002,6 +5036,117 @@ class TestPayeeDecision(unittest.TestCase):
         self.assertEqual(set(vm.PAYEE_REASONS.values()), {"match", "close_match", "no_match", "not_possible"})
         self.assertEqual([r for r, outcome in vm.PAYEE_REASONS.items() if outcome == "match"],
                          ["account_and_name_recorded"])
+
+
+def fact(newest, record_id, index, name, account):
+    return vm.PayeeFact(newest, record_id, index, name, account)
+
+
+class TestSupersession(unittest.TestCase):
+    """supersession(): who supersedes whom, and which records a cycle of supersedes leaves in doubt."""
+
+    def test_chains_cycles_and_what_hangs_below_them(self):
+        self.assertEqual(vm.supersession({}), vm.NO_SUPERSESSION)
+        chain = vm.supersession({2: [1], 1: [0]})                   # 2 supersedes 1, which supersedes 0
+        self.assertEqual((chain.superseded_by, chain.in_doubt), ({1: [2], 0: [1]}, frozenset()))
+        both = vm.supersession({3: [0, 1, 1]})                      # a repeated ID counts once
+        self.assertEqual((both.superseded_by, both.in_doubt), ({0: [3], 1: [3]}, frozenset()))
+        cycle = vm.supersession({0: [1], 1: [2], 2: [0], 3: [2], 4: [5]})
+        self.assertEqual(cycle.in_doubt, frozenset({0, 1, 2}))
+        self.assertEqual(sorted(cycle.superseded_by[2]), [1, 3])
+        below = vm.supersession({0: [1], 1: [0, 2], 2: [3], 5: [4]})  # 2 and 3 are superseded from the cycle
+        self.assertEqual(below.in_doubt, frozenset({0, 1, 2, 3}))
+        self.assertEqual(vm.supersession({7: [7]}).in_doubt, frozenset({7}))     # a record that names itself
+
+    def test_superseded_ids_reads_any_shape_and_refuses_none(self):
+        for value, expected in (("M-a", ["M-a"]), (["M-a", "M-b"], ["M-a", "M-b"]), (None, []), (5, []),
+                                ({"id": "M-a"}, []), (["M-a", 5, "x", ["M-b"], "M-c"], ["M-a", "M-c"]),
+                                ("not an id", []), ([], [])):
+            self.assertEqual(vm.superseded_ids(value), expected, value)
+
+
+class TestNewestRecordDecides(unittest.TestCase):
+    """judge_payee over facts: the newest record of the payee (exact or close names) gives its current account."""
+    JAN = fact(-1, "M-jan", 0, "Hollow Oak Seeds Ltd", IBAN_DE)
+    JUL = fact(-7, "M-jul", 1, "Hollow Oak Seeds Ltd", IBAN_GB)
+
+    def judge(self, name, account, facts, links=None):
+        decision = vm.judge_payee(name, account, sorted(facts), vm.supersession(links or {}))
+        return decision.reason, [f.record_id for f in decision.current]
+
+    def test_the_newest_record_gives_the_current_account(self):
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, [self.JAN, self.JUL]),
+                         ("account_and_name_recorded", ["M-jul"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, self.JUL]),
+                         ("account_superseded", ["M-jul"]))
+        self.assertEqual(self.judge("hollow oak seeds", IBAN_DE, [self.JAN, self.JUL]),
+                         ("account_superseded", ["M-jul"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_NEW, [self.JAN, self.JUL]),
+                         ("payee_recorded_with_other_account", ["M-jul"]))
+        self.assertEqual(self.judge("Fern Ltd", IBAN_DE, [self.JAN, self.JUL]),
+                         ("account_recorded_for_other_payee", []))
+
+    def test_ties_give_every_tied_account(self):
+        tied = fact(-7, "M-jul-2", 2, "Hollow Oak Seeds Ltd", IBAN_NEW)
+        for account in (IBAN_GB, IBAN_NEW):
+            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account, [self.JAN, self.JUL, tied]),
+                             ("account_and_name_recorded", ["M-jul", "M-jul-2"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, self.JUL, tied])[0],
+                         "account_superseded")
+
+    def test_supersedes_beats_dates_even_pointing_at_a_newer_record(self):
+        # M-jan says it replaces M-jul (for instance: July's "new account" was a fraud the signer caught)
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, self.JUL], {0: [1]}),
+                         ("account_and_name_recorded", ["M-jan"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, [self.JAN, self.JUL], {0: [1]}),
+                         ("account_superseded", ["M-jan"]))
+
+    def test_a_chain_of_three_accounts(self):
+        mar = fact(-3, "M-mar", 2, "Hollow Oak Seeds Ltd", IBAN_NEW)
+        facts = [self.JAN, mar, self.JUL]
+        for links in ({}, {1: [2], 2: [0]}):                 # by date, or by supersedes along the same chain
+            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, facts, links),
+                             ("account_and_name_recorded", ["M-jul"]))
+            for account in (IBAN_DE, IBAN_NEW):
+                self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account, facts, links),
+                                 ("account_superseded", ["M-jul"]))
+        # the chain by supersedes against the dates: March replaces July, which replaces January
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_NEW, facts, {2: [1], 1: [0]}),
+                         ("account_and_name_recorded", ["M-mar"]))
+
+    def test_a_close_name_in_the_newer_record_still_decides(self):
+        typo = fact(-7, "M-jul", 1, "Holow Oak Seed Ltd", IBAN_GB)
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, typo]),
+                         ("account_superseded", ["M-jul"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_GB, [self.JAN, typo]), ("name_close", ["M-jul"]))
+        other = fact(-7, "M-jul", 1, "Hollow Pine Trading", IBAN_GB)     # a different name decides nothing
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, other]),
+                         ("account_and_name_recorded", ["M-jan"]))
+
+    def test_the_name_of_a_current_record_decides_match_or_close(self):
+        again = fact(-7, "M-jul", 1, "Hollow Oak Seeds Limited", IBAN_DE)    # the same account, a close name
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN, again]), ("name_close", ["M-jul"]))
+
+    def test_a_cycle_never_makes_a_match(self):
+        x = fact(-7, "M-x", 1, "Hollow Oak Seeds Ltd", IBAN_GB)
+        y = fact(-8, "M-y", 2, "Hollow Oak Seeds Ltd", IBAN_NEW)
+        cycle = {1: [2], 2: [1]}
+        for account in (IBAN_DE, IBAN_GB, IBAN_NEW):          # January would be current if the cycle only hid x, y
+            self.assertEqual(self.judge("Hollow Oak Seeds Ltd", account, [self.JAN, x, y], cycle),
+                             ("account_superseded", []))
+        later = fact(-9, "M-later", 3, "Hollow Oak Seeds Ltd", "111000025")   # newer than the cycle: current
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", "111000025", [self.JAN, x, y, later], cycle),
+                         ("account_and_name_recorded", ["M-later"]))
+        tied = fact(-8, "M-tied", 3, "Hollow Oak Seeds Ltd", "111000025")     # as new as the newest in doubt
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", "111000025", [self.JAN, x, y, tied], cycle),
+                         ("account_and_name_recorded", ["M-tied"]))
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [self.JAN], {0: [0]}),
+                         ("account_superseded", []))              # a record that names itself
+        below = {1: [2], 2: [1, 3]}                              # the cycle also supersedes a newer record
+        newest = fact(-9, "M-dec", 3, "Hollow Oak Seeds Ltd", "111000025")
+        older = fact(-5, "M-may", 4, "Hollow Oak Seeds Ltd", IBAN_DE)
+        self.assertEqual(self.judge("Hollow Oak Seeds Ltd", IBAN_DE, [older, x, y, newest], below),
+                         ("account_superseded", []))
 
 
 class PayeeCase(SearchCase):
@@ -5038,14 +5183,18 @@ class PayeeCase(SearchCase):
 
 
 class TestCheckPayeeTool(PayeeCase):
-    def test_match(self):
-        payload = self.check("Hollow Oak Seeds Ltd", "de89 3704 0044 0532 0130 00")
+    def test_match_on_the_current_account_says_it_changed(self):
+        payload = self.check("Hollow Oak Seeds Ltd", "gb82 west 1234 5698 7654 32")
         self.assertEqual(self.summary(payload), ("match", "account_and_name_recorded",
-                                                 [("M-seeds-2", "exact", False), ("M-seeds-1", "exact", True)], []))
+                                                 [("M-seeds-2", "exact", True), ("M-seeds-1", "exact", False)], []))
         self.assertEqual(set(payload), {"outcome", "reason", "records", "records_total", "mentions", "mentions_total",
-                                        "account", "verification", "notice"})
-        self.assertEqual(payload["account"], {"normalised": IBAN_DE, "format": "iban", "checksum": "valid",
+                                        "account", "account_changed", "account_superseded", "verification", "notice"})
+        self.assertEqual(payload["account"], {"normalised": IBAN_GB, "format": "iban", "checksum": "valid",
                                               "problem": None})
+        self.assertEqual(payload["account_changed"], {"current_since_utc": "2026-03-01T09:00:00Z", "earlier": [
+            {"account": IBAN_DE, "record_id": "M-seeds-1", "date_last_utc": "2026-01-10T09:00:00Z"}],
+            "earlier_total": 1})
+        self.assertIsNone(payload["account_superseded"])
         first = payload["records"][1]
         self.assertEqual(first["payee"], {"name": "Hollow Oak Seeds Ltd", "account": IBAN_DE})
         self.assertEqual(first["evidence"][0]["quote"], "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00")
@@ -5053,11 +5202,21 @@ class TestCheckPayeeTool(PayeeCase):
                                                                              "2026-01-10T09:00:00Z"])
         self.assertEqual(payload["verification"], self.tools.snapshot.verification(NOW))
         self.assertEqual(payload["notice"], vm.NOTICE)
-        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["outcome"], "match")   # the newer account too
+        rent = self.check("Dr. Marta Vidal", "111000025")            # a payee with one account: nothing changed
+        self.assertEqual((rent["outcome"], rent["account_changed"], rent["account_superseded"]), ("match", None, None))
+
+    def test_the_older_account_is_superseded(self):
+        payload = self.check("Hollow Oak Seeds Ltd", "de89 3704 0044 0532 0130 00")
+        self.assertEqual(self.summary(payload), ("no_match", "account_superseded",
+                                                 [("M-seeds-2", "exact", False), ("M-seeds-1", "exact", True)], []))
+        self.assertEqual(payload["account_superseded"], {"current": [
+            {"account": IBAN_GB, "record_id": "M-seeds-2", "date_last_utc": "2026-03-01T09:00:00Z"}],
+            "superseded_by": ["M-seeds-2"], "in_doubt": []})
+        self.assertIsNone(payload["account_changed"])
 
     def test_close_match_gives_the_recorded_name(self):
         for asked in ("hollow oak seeds", "Hollow Oak Seeds GmbH", "Seeds, Hollow Oak", "Holow Oak Seeds Ltd"):
-            payload = self.check(asked, IBAN_DE)
+            payload = self.check(asked, IBAN_GB)
             self.assertEqual(payload["outcome"], "close_match", asked)
             self.assertEqual(payload["reason"], "name_close")
             self.assertEqual([r["payee"]["name"] for r in payload["records"] if r["account_match"]],
@@ -5129,10 +5288,10 @@ class TestCheckPayeeTool(PayeeCase):
         for name in ("Hollow Oak Seeds Ltd", "hollow oak seeds", "Holow Oak Seeds Ltd", "Seeds Hollow Oak",
                      "Marta Vidal", "Dr Marta Vidal", "Nobody"):
             for account in (IBAN_DE, IBAN_GB, IBAN_NEW, "111000025"):
-                reason, related = vm.judge_payee(name, account, facts)
+                decision = vm.judge_payee(name, account, facts, self.tools.payees.supersession)
                 payload = self.check(name, account)
                 self.assertEqual((payload["reason"], [r["record_id"] for r in payload["records"]]),
-                                 (reason, [fact.record_id for _, fact in related]), (name, account))
+                                 (decision.reason, [fact.record_id for _, fact in decision.related]), (name, account))
 
     def test_mentions_are_those_of_reading_every_record(self):
         # only the records whose quotes hold the account's digits, run together, are read for mentions; the
@@ -5186,6 +5345,188 @@ class TestCheckPayeeTool(PayeeCase):
         for arguments, expected in cases:
             self.assertEqual(self.tools.call(PAYEE, arguments), (None, expected))
         self.assertEqual(self.check("A" * 200, " " * 30 + "021000021" + " " * 25)["reason"], "not_in_memory")
+
+
+class TestCloseNames(unittest.TestCase):
+    def test_candidates_hold_every_name_within_edits(self):
+        # the contract: every recorded name that _close_words accepts by edits is a candidate (a scan of every
+        # name is the reference); names within 1 and 2 edits, word orders, merged and split words
+        rng = random.Random(28)
+
+        def mutate(text):
+            for _ in range(rng.randint(0, 3)):
+                at = rng.randrange(len(text) + 1)
+                kind = rng.randrange(4)
+                if kind == 0:
+                    text = text[:at] + rng.choice("abcdeo .") + text[at:]
+                elif kind == 1:
+                    text = text[:at] + text[at + 1:]
+                elif kind == 2:
+                    text = text[:at] + rng.choice("abcdeo .") + text[at + 1:]
+                elif at + 1 < len(text):
+                    text = text[:at] + text[at + 1] + text[at] + text[at + 2:]
+            return text
+        close = 0
+        for _ in range(120):
+            words = ["".join(rng.choice("abcde") for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(1, 4))]
+            seed = " ".join(words)
+            names = sorted({name for name in (mutate(seed) for _ in range(30)) if name.strip()})
+            index = vm.CloseNames(names)
+            for asked in (mutate(seed) for _ in range(8)):
+                if not asked.strip():
+                    continue
+                candidates = index.candidates(asked)
+                for name in names:
+                    asked_words, recorded = vm.name_words(asked), vm.name_words(name)
+                    by_edits = sorted(asked_words) != sorted(recorded) and vm.names_match(asked, name) == "close"
+                    close += by_edits
+                    self.assertTrue(not by_edits or name in candidates, (asked, name))
+        self.assertGreater(close, 3000)
+
+    def test_a_long_name_has_few_keys_and_is_found_two_edits_away(self):
+        # the index stays linear in the names' size: five parts in each word order, whatever the name's length
+        words = ["word%03d" % k for k in range(24, -1, -1)]
+        name = " ".join(words)[:200]
+        index = vm.CloseNames([name])
+        self.assertEqual(len(index.by_key), 10)
+        self.assertEqual(sum(len(key) for key in index.by_key), 2 * len(name) + 10 * len("p199.0:"))
+        twice = name[:7] + "x" + name[8:90] + name[91:]             # a substitution and a deletion
+        self.assertEqual(index.candidates(twice), {name})
+        self.assertEqual(vm.names_match(twice, name), "close")
+
+    def test_far_names_are_not_candidates(self):
+        index = vm.CloseNames(["Hollow Oak Seeds Ltd", "Firm 123", "Juniper Street Community Garden"])
+        self.assertEqual(index.candidates("Holow Oak Seed"), {"Hollow Oak Seeds Ltd"})
+        self.assertEqual(index.candidates("Firm 124"), {"Firm 123"})
+        self.assertEqual(index.candidates("Juniper Stret Community Gardens"), {"Juniper Street Community Garden"})
+        self.assertEqual(index.candidates("Acme"), set())
+
+
+class TestNewestRecordInPacks(PayeeCase):
+    """The newest record decides, in built packs, through the tool and the command."""
+    SEEDS = [message(1, "Seed order: pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00.",
+                     "2026-01-10T09:00:00Z"),
+             message(2, "Hollow Oak Seeds Ltd moved banks: new IBAN GB82 WEST 1234 5698 7654 32, the old one is "
+                        "closed.", "2026-07-01T09:00:00Z")]
+    JAN = payee_record("M-jan", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
+                       "Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 00")
+    JUL = payee_record("M-jul", 2, "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed",
+                       "Hollow Oak Seeds Ltd", "GB82 WEST 1234 5698 7654 32")
+
+    def pack(self, *records, messages=None):
+        self.build(messages or self.SEEDS, list(records))
+        return self.tools.snapshot.root
+
+    def test_the_issues_two_records_on_the_command_line(self):
+        pack = self.pack(self.JAN, self.JUL)
+        done = run("check-payee", "--pack", pack, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                   "DE89 3704 0044 0532 0130 00")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        payload = json.loads(done.stdout)
+        self.assertEqual((payload["outcome"], payload["reason"]), ("no_match", "account_superseded"))
+        self.assertEqual(payload["account_superseded"], {"current": [
+            {"account": IBAN_GB, "record_id": "M-jul", "date_last_utc": "2026-07-01T09:00:00Z"}],
+            "superseded_by": ["M-jul"], "in_doubt": []})
+        done = run("check-payee", "--pack", pack, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                   "GB82 WEST 1234 5698 7654 32")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(json.loads(done.stdout)["account_changed"], {
+            "current_since_utc": "2026-07-01T09:00:00Z", "earlier_total": 1, "earlier": [
+                {"account": IBAN_DE, "record_id": "M-jan", "date_last_utc": "2026-01-10T09:00:00Z"}]})
+
+    def test_a_chain_of_three_accounts_names_who_changed_each(self):
+        messages = self.SEEDS + [
+            message(3, "From March: Hollow Oak Seeds Ltd, DE44 5001 0517 5407 3249 31.", "2026-03-01T09:00:00Z"),
+            message(4, "Still: Hollow Oak Seeds Ltd, GB82 WEST 1234 5698 7654 32.", "2026-08-01T09:00:00Z")]
+        mar = payee_record("M-mar", 3, "Hollow Oak Seeds Ltd, DE44 5001 0517 5407 3249 31", "Hollow Oak Seeds Ltd",
+                           IBAN_NEW)
+        aug = payee_record("M-aug", 4, "Hollow Oak Seeds Ltd, GB82 WEST 1234 5698 7654 32", "Hollow Oak Seeds Ltd",
+                           IBAN_GB)
+        self.pack(self.JAN, mar, self.JUL, aug, messages=messages)
+        current = [{"account": IBAN_GB, "record_id": "M-aug", "date_last_utc": "2026-08-01T09:00:00Z"}]
+        for account, by in ((IBAN_DE, ["M-mar"]), (IBAN_NEW, ["M-jul"])):
+            self.assertEqual(self.check("Hollow Oak Seeds Ltd", account)["account_superseded"],
+                             {"current": current, "superseded_by": by, "in_doubt": []})
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["account_changed"], {
+            "current_since_utc": "2026-07-01T09:00:00Z", "earlier_total": 2, "earlier": [
+                {"account": IBAN_NEW, "record_id": "M-mar", "date_last_utc": "2026-03-01T09:00:00Z"},
+                {"account": IBAN_DE, "record_id": "M-jan", "date_last_utc": "2026-01-10T09:00:00Z"}]})
+
+    def test_a_newer_record_of_the_same_account_did_not_supersede_it(self):
+        # January's account again in March, then July's: July superseded it, not March
+        messages = self.SEEDS + [message(3, "Again: Hollow Oak Seeds Ltd, DE89 3704 0044 0532 0130 00.",
+                                         "2026-03-01T09:00:00Z")]
+        again = payee_record("M-mar", 3, "Hollow Oak Seeds Ltd, DE89 3704 0044 0532 0130 00", "Hollow Oak Seeds Ltd",
+                             IBAN_DE)
+        self.pack(self.JAN, again, self.JUL, messages=messages)
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["account_superseded"]["superseded_by"], ["M-jul"])
+        # the earlier account is listed once, with its newest record; a close name gets account_changed too
+        changed = {"current_since_utc": "2026-07-01T09:00:00Z", "earlier_total": 1, "earlier": [
+            {"account": IBAN_DE, "record_id": "M-mar", "date_last_utc": "2026-03-01T09:00:00Z"}]}
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["account_changed"], changed)
+        close = self.check("hollow oak seeds", IBAN_GB)
+        self.assertEqual((close["outcome"], close["account_changed"]), ("close_match", changed))
+
+    def test_a_short_name_in_another_word_order_is_the_same_payee(self):
+        # "Q P Ltd" has words too short for CloseNames' keys: the index finds it by its words in any order
+        messages = [message(1, "Pay Q P Ltd at routing 111000025.", "2026-01-10T09:00:00Z")]
+        self.pack(payee_record("M-qp", 1, "Q P Ltd at routing 111000025", "Q P Ltd", "111000025"), messages=messages)
+        payload = self.check("P Q", IBAN_DE)
+        self.assertEqual((payload["reason"], [r["record_id"] for r in payload["records"]]),
+                         ("payee_recorded_with_other_account", ["M-qp"]))
+
+    def test_supersedes_from_the_builder_and_ids_of_no_record_here(self):
+        # July's record names January's and one from an earlier pack; January's names a newer record back
+        jul = json.loads(self.JUL)
+        jul["supersedes"] = ["M-from-last-year", "M-jan"]
+        self.pack(self.JAN, json.dumps(jul))
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["account_superseded"]["superseded_by"], ["M-jul"])
+        jul["supersedes"] = "M-from-last-year"              # the first record of the file names no record here
+        self.pack(json.dumps(jul), self.JAN)
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_GB)["reason"], "account_and_name_recorded")
+        jan = json.loads(self.JAN)
+        jan["supersedes"] = ["M-from-last-year", "M-jul"]     # the signer found July's message was the fraud
+        self.pack(json.dumps(jan), self.JUL)
+        self.assertEqual(self.check("Hollow Oak Seeds Ltd", IBAN_DE)["reason"], "account_and_name_recorded")
+        payload = self.check("Hollow Oak Seeds Ltd", IBAN_GB)
+        self.assertEqual((payload["reason"], payload["account_superseded"]["superseded_by"]),
+                         ("account_superseded", ["M-jan"]))
+
+    def test_a_cycle_in_a_pack_gives_no_match_and_names_the_records_in_doubt(self):
+        jan, jul = json.loads(self.JAN), json.loads(self.JUL)
+        jan["supersedes"], jul["supersedes"] = "M-jul", "M-jan"
+        self.pack(json.dumps(jan), json.dumps(jul))
+        for account in (IBAN_DE, IBAN_GB):
+            payload = self.check("Hollow Oak Seeds Ltd", account)
+            self.assertEqual((payload["outcome"], payload["reason"]), ("no_match", "account_superseded"))
+            self.assertEqual(payload["account_superseded"]["current"], [])
+            self.assertEqual(payload["account_superseded"]["in_doubt"], ["M-jan", "M-jul"])
+
+    def test_metadata_of_any_shape_loads_as_in_0_4_1_and_names_nothing(self):
+        pack = self.copy_pack("metadata", self.pack(self.JAN, self.JUL))
+        lines = read(os.path.join(pack, "records.jsonl")).decode().splitlines()
+        for i, value in ((0, {"record": "M-jul"}), (1, [5, "not an id", ["M-jan"], None])):
+            record = json.loads(lines[i])
+            record["supersedes"] = value
+            lines[i] = record_line(record)
+        write(os.path.join(pack, "records.jsonl"), "\n".join(lines) + "\n")
+        reseal(pack)
+        tools = vm.ToolServer(self.load(pack), lambda: NOW)
+        found, _ = tools.call(PAYEE, {"payee": "Hollow Oak Seeds Ltd", "account": IBAN_DE})
+        self.assertEqual(found["reason"], "account_superseded")     # by date only: the metadata names nothing
+        self.assertEqual(found["account_superseded"]["superseded_by"], ["M-jul"])
+        escaped = self.copy_pack("escaped", pack)                   # a key written with an escape still counts
+        record = json.loads(lines[0])
+        record["supersedes"] = "M-jul"
+        lines[0] = record_line(record).replace('"supersedes"', '"supersed\\u0065s"')
+        write(os.path.join(escaped, "records.jsonl"), "\n".join(lines) + "\n")
+        reseal(escaped)
+        tools = vm.ToolServer(self.load(escaped), lambda: NOW)
+        self.assertEqual(tools.call(PAYEE, {"payee": "Hollow Oak Seeds Ltd", "account": IBAN_DE})[0]["reason"],
+                         "account_and_name_recorded")
+        # diff and the maker read supersedes from the snapshot's lines: the escaped key counts there too
+        self.assertEqual(vm.snapshot_supersession(tools.snapshot), tools.payees.supersession)
+        self.assertEqual(tools.payees.supersession.superseded_by, {1: [0]})
 
 
 class TestPayeeFactsInPacks(RecordsCase):
@@ -5247,6 +5588,21 @@ class TestPayeeBuilder(unittest.TestCase):
         return build_files(self.MESSAGES, [json.dumps({"record_id": "M-1", "role": "user", "topic": "t",
                                                        "category": "c", "quotes": [{"message_id": 1, "quote": quote}],
                                                        "payee": payee})])
+
+    def test_supersedes_is_one_record_id_or_a_list_of_different_ones(self):
+        for value in ("M-old", ["M-old"], ["M-old", "M-from-an-earlier-pack"], ["M-%d" % i for i in range(64)]):
+            obj = {"record_id": "M-1", "role": "user", "topic": "t", "category": "c", "supersedes": value,
+                   "quotes": [{"message_id": 1, "quote": "Fern Ltd"}]}
+            files = build_files(self.MESSAGES, [json.dumps(obj)])
+            self.assertEqual(json.loads(files["records.jsonl"])["supersedes"], value)
+        for value in ([], ["M-old", "M-old"], "old", ["M-ok", 5], 5, None, {"id": "M-old"},
+                      ["M-%d" % i for i in range(65)]):
+            obj = {"record_id": "M-1", "role": "user", "topic": "t", "category": "c", "supersedes": value,
+                   "quotes": [{"message_id": 1, "quote": "Fern Ltd"}]}
+            with self.assertRaises(vm.PackError, msg=value) as caught:
+                build_files(self.MESSAGES, [json.dumps(obj)])
+            self.assertEqual(str(caught.exception), "records.jsonl line 1, field supersedes: must be a record ID (M- "
+                             "followed by 1-127 letters, digits, _ or -) or a list of 1 to 64 different ones")
 
     def test_payee_is_copied_into_the_record(self):
         payee = {"name": "Fern Ltd", "account": "DE89 3704 0044 0532 0130 00"}
@@ -5311,7 +5667,7 @@ class TestCheckPayeeCommand(McpProcessCase):
             with self.assertRaises(vm.UsageError, msg=argv) as caught:
                 vm.parse_args(argv)
             self.assertEqual(str(caught.exception), message)
-        self.assertEqual(vm.parse_args(["dist", "--help"]), ("help", {}, []))   # help needs nothing
+        self.assertEqual(vm.parse_args(["dist", "--help"]), ("help", {}, ["dist"]))   # help needs nothing
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "pack")
             done = run("build", "--messages", os.path.join(HERE, "examples", "input", "messages.jsonl"), "--out", out)
@@ -5346,6 +5702,419 @@ class TestCheckPayeeCommand(McpProcessCase):
         self.assertEqual(result["structuredContent"]["outcome"], "match")
         self.assertEqual(json.loads(result["content"][0]["text"]), result["structuredContent"])
         self.assertTrue(replies[3]["result"]["isError"])
+
+
+# ---------------------------------------------------------------------------
+# diff and sign --previous: what a new pack changes, payee facts first
+# ---------------------------------------------------------------------------
+
+CHANGE_MESSAGES = [
+    message(1, "Seeds: pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00, ref J-7.", "2026-01-10T09:00:00Z"),
+    message(2, "Hollow Oak Seeds Ltd moved banks: new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed.",
+            "2026-07-01T09:00:00Z"),
+    message(3, "Rent: Dr. Marta Vidal, routing 111000025.", "2026-02-01T09:00:00Z"),
+    message(4, "Compost bins get turned weekly.", "2026-02-02T09:00:00Z"),
+    message(5, "Seeds: pay Hollow Oak Seeds Ltd, IBAN GB82 WEST 1234 5698 7654 32, ref J-7.", "2026-01-10T09:00:00Z")]
+SEEDS_JAN = payee_record("M-seeds-jan", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
+                         "Hollow Oak Seeds Ltd", "DE89 3704 0044 0532 0130 00")
+SEEDS_JUL = payee_record("M-seeds-jul", 2, "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed",
+                         "Hollow Oak Seeds Ltd", "GB82 WEST 1234 5698 7654 32")
+SEEDS_JAN_SWAPPED = payee_record("M-seeds-jan", 5, "pay Hollow Oak Seeds Ltd, IBAN GB82 WEST 1234 5698 7654 32",
+                                 "Hollow Oak Seeds Ltd", "GB82 WEST 1234 5698 7654 32")
+RENT = payee_record("M-rent", 3, "Dr. Marta Vidal, routing 111000025", "Dr. Marta Vidal", "111000025")
+COMPOST = quote_record("M-compost", 4, "Compost bins get turned weekly.")
+NO_HEAD = {"old": None, "new": None}
+UNSIGNED = {"status": "unsigned", "signer": None, "fingerprint": None, "pinned": False}
+
+
+def account_entry(account, status, record_id, date, quote, name="Hollow Oak Seeds Ltd"):
+    return {"account": account, "status": status, "records": [{"record_id": record_id, "date_last_utc": date,
+                                                                "name": name, "quotes": [quote]}]}
+
+
+JAN_ENTRY = ("M-seeds-jan", "2026-01-10T09:00:00Z", "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00")
+JUL_ENTRY = ("M-seeds-jul", "2026-07-01T09:00:00Z", "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed")
+
+
+class DiffCase(SignedCase):
+    def pack(self, *records, messages=CHANGE_MESSAGES):
+        files = vm.build_pack_files("\n".join(messages).encode(), "\n".join(records).encode(), "Test", "",
+                                    ("messages.jsonl", "records.jsonl"))
+        pack = os.path.join(self.tmp, "pack-%d" % len(os.listdir(self.tmp)))
+        os.mkdir(pack)
+        for name, data in files.items():
+            write(os.path.join(pack, name), data)
+        return pack
+
+    def diff(self, old, new):
+        old, new = self.load(old), self.load(new)
+        return vm.compare_packs(old, new, vm.pack_head(old), vm.pack_head(new))
+
+    def same(self, diff):
+        return dict(diff, old_pack=None, new_pack=None)
+
+
+class TestPackDiff(DiffCase):
+    def test_the_same_records_are_no_change(self):
+        old, new = self.pack(SEEDS_JAN, RENT, COMPOST), self.pack(SEEDS_JAN, RENT, COMPOST)
+        diff = self.diff(old, new)
+        self.assertEqual(diff, {"old_pack": old, "new_pack": new, "same_records": True, "payee_changes": [],
+                                "records": {"added": [], "removed": [], "changed": []}, "pack_json": NO_HEAD,
+                                "signer": {"old": UNSIGNED, "new": UNSIGNED}})
+
+    def test_records_that_differ_only_in_their_bytes_are_the_same(self):
+        old = self.pack(SEEDS_JAN, RENT, COMPOST)
+        new = self.copy_pack("bytes", old)
+        lines = read(os.path.join(new, "records.jsonl")).decode().splitlines()
+        record = json.loads(lines[1])
+        lines[1] = json.dumps(dict(reversed(list(record.items()))))     # other key order, \u escapes
+        write(os.path.join(new, "records.jsonl"), "\n".join(lines) + "\n")
+        reseal(new)
+        self.assertNotEqual(read(os.path.join(old, "records.jsonl")), read(os.path.join(new, "records.jsonl")))
+        diff = self.diff(old, new)
+        self.assertEqual((diff["same_records"], diff["payee_changes"], diff["records"]),
+                         (True, [], {"added": [], "removed": [], "changed": []}))
+
+    def test_a_new_account_for_a_known_payee_is_a_payee_change_with_its_quotes(self):
+        diff = self.diff(self.pack(SEEDS_JAN, RENT), self.pack(SEEDS_JAN, RENT, SEEDS_JUL))
+        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed",
+                                                  "current": {"old": [IBAN_DE], "new": [IBAN_GB]}, "accounts": [
+            account_entry(IBAN_DE, "kept", *JAN_ENTRY), account_entry(IBAN_GB, "added", *JUL_ENTRY)]}])
+        self.assertEqual([r["record_id"] for r in diff["records"]["added"]], ["M-seeds-jul"])
+        self.assertEqual(diff["records"]["added"][0], self.load(self.pack(SEEDS_JUL)).record(0))
+        records = diff["records"]
+        self.assertEqual((records["removed"], records["changed"], diff["same_records"]), ([], [], False))
+
+    def test_a_payee_added_and_one_removed(self):
+        rent = json.loads(RENT)
+        rent["quotes"].append({"message_id": 4, "quote": "Compost bins"})     # a quote without the account
+        diff = self.diff(self.pack(SEEDS_JAN, COMPOST), self.pack(COMPOST, json.dumps(rent)))
+        self.assertEqual(diff["payee_changes"], [
+            {"payee": "Dr. Marta Vidal", "change": "added", "current": {"old": [], "new": ["111000025"]},
+             "accounts": [account_entry(
+                "111000025", "added", "M-rent", "2026-02-02T09:00:00Z", "Dr. Marta Vidal, routing 111000025",
+                "Dr. Marta Vidal")]},
+            {"payee": "Hollow Oak Seeds Ltd", "change": "removed", "current": {"old": [IBAN_DE], "new": []},
+             "accounts": [account_entry(IBAN_DE, "removed", *JAN_ENTRY)]}])
+        self.assertEqual([r["record_id"] for r in diff["records"]["added"]], ["M-rent"])
+        self.assertEqual([r["record_id"] for r in diff["records"]["removed"]], ["M-seeds-jan"])
+
+    def test_an_account_changed_inside_one_record(self):
+        diff = self.diff(self.pack(SEEDS_JAN, COMPOST), self.pack(SEEDS_JAN_SWAPPED, COMPOST))
+        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed",
+                                                  "current": {"old": [IBAN_DE], "new": [IBAN_GB]}, "accounts": [
+            account_entry(IBAN_DE, "removed", *JAN_ENTRY),
+            account_entry(IBAN_GB, "added", "M-seeds-jan", "2026-01-10T09:00:00Z",
+                          "pay Hollow Oak Seeds Ltd, IBAN GB82 WEST 1234 5698 7654 32")]}])
+        fields = {change["field"]: (change["old"], change["new"]) for change in diff["records"]["changed"][0]["fields"]}
+        self.assertEqual(sorted(fields), ["evidence[0].message_id", "evidence[0].message_sha256", "evidence[0].quote",
+                                          "payee.account", "statement"])
+        self.assertEqual(fields["payee.account"], ("DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32"))
+        self.assertEqual(fields["evidence[0].message_id"], (1, 5))
+
+    def test_a_payee_key_written_with_an_escape_is_a_payee(self):
+        old = self.pack(COMPOST)
+        new = self.copy_pack("escaped", self.pack(COMPOST, SEEDS_JUL))
+        path = os.path.join(new, "records.jsonl")
+        write(path, read(path).replace(b'"payee":', b'"pay\\u0065e":'))
+        reseal(new)
+        self.assertIn(b'"pay\\u0065e":', read(path))
+        self.assertEqual([(c["payee"], c["change"]) for c in self.diff(old, new)["payee_changes"]],
+                         [("Hollow Oak Seeds Ltd", "added")])
+
+    def test_a_current_account_that_changes_is_a_payee_change_with_the_same_accounts(self):
+        jan = json.loads(SEEDS_JAN)
+        jan["supersedes"] = "M-seeds-jul"                 # January now says July's account is the wrong one
+        diff = self.diff(self.pack(SEEDS_JAN, SEEDS_JUL), self.pack(json.dumps(jan), SEEDS_JUL))
+        self.assertEqual(diff["payee_changes"], [{"payee": "Hollow Oak Seeds Ltd", "change": "changed",
+                                                  "current": {"old": [IBAN_GB], "new": [IBAN_DE]}, "accounts": [
+            account_entry(IBAN_GB, "kept", *JUL_ENTRY), account_entry(IBAN_DE, "kept", *JAN_ENTRY)]}])
+        self.assertEqual(diff["records"]["changed"], [{"record_id": "M-seeds-jan", "fields": [
+            {"field": "supersedes", "old": vm.ABSENT, "new": "M-seeds-jul"}]}])
+
+    def test_the_same_accounts_under_another_spelling_are_no_payee_change(self):
+        respelled = payee_record("M-seeds-jan", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
+                                 "HOLLOW OAK SEEDS", "de89-3704-0044-0532-0130-00")
+        diff = self.diff(self.pack(SEEDS_JAN), self.pack(respelled))
+        self.assertEqual(diff["payee_changes"], [])
+        self.assertEqual(diff["records"]["changed"], [{"record_id": "M-seeds-jan", "fields": [
+            {"field": "payee.name", "old": "Hollow Oak Seeds Ltd", "new": "HOLLOW OAK SEEDS"},
+            {"field": "payee.account", "old": "DE89 3704 0044 0532 0130 00", "new": "de89-3704-0044-0532-0130-00"}]}])
+        other_payee = payee_record("M-seeds-jan", 1, "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00",
+                                   "Hollow Oak Trading", "DE89 3704 0044 0532 0130 00")
+        changes = self.diff(self.pack(SEEDS_JAN), self.pack(other_payee))["payee_changes"]
+        self.assertEqual([(c["payee"], c["change"]) for c in changes],
+                         [("Hollow Oak Trading", "added"), ("Hollow Oak Seeds Ltd", "removed")])
+
+    def test_field_changes(self):
+        absent = vm.ABSENT
+        self.assertEqual(vm.field_changes({"a": 1, "b": [1, {"c": True}], "d": "x"},
+                                          {"a": 1.0, "b": [1, {"c": 1}], "e": None}), [
+            {"field": "a", "old": 1, "new": 1.0}, {"field": "b[1].c", "old": True, "new": 1},
+            {"field": "d", "old": "x", "new": absent}, {"field": "e", "old": absent, "new": None}])
+        self.assertEqual(vm.field_changes({"a": [1, 2]}, {"a": [1, 2, 3]}), [{"field": "a", "old": [1, 2],
+                                                                             "new": [1, 2, 3]}])
+        self.assertEqual(vm.field_changes({"a": {"b": 1}}, {"a": [1]}), [{"field": "a", "old": {"b": 1}, "new": [1]}])
+        self.assertEqual(vm.field_changes({"a": 1.5, "b": [], "c": {}}, {"c": {}, "b": [], "a": 1.5}), [])
+        self.assertEqual(vm.field_changes({"a": "(absent)"}, {}), [{"field": "a", "old": "(absent)", "new": absent}])
+        self.assertEqual(vm.field_changes([0.0, -0.0, 1e300], [-0.0, -0.0, 1e300]), [{"field": "[0]", "old": 0.0,
+                                                                                     "new": -0.0}])
+
+    def test_pack_json_and_signer(self):
+        old = self.pack(SEEDS_JAN)
+        new = self.copy_pack("dated", old)
+        write(os.path.join(new, "PACK.json"), pack_json(7))
+        reseal(new)
+        diff = self.diff(old, new)
+        self.assertEqual(diff["pack_json"], {"old": None, "new": {"sequence": 7, "created_utc": "2026-11-01T00:00:00Z",
+                                                                  "expires_utc": "2027-01-01T00:00:00Z"}})
+        self.assertEqual((diff["same_records"], diff["signer"]), (True, {"old": UNSIGNED, "new": UNSIGNED}))
+
+    def test_text_for_a_person(self):
+        old, new = self.pack(SEEDS_JAN, RENT), self.pack(SEEDS_JAN, SEEDS_JUL, COMPOST)
+        diff = self.diff(old, new)
+        diff["pack_json"]["new"] = {"sequence": None, "created_utc": "2026-10-12T18:00:00Z",
+                                    "expires_utc": "2027-01-10T18:00:00Z"}
+        diff["signer"]["new"] = vm.signature_report("verified", "SHA256:" + "A" * 43, signer="alice")
+        self.assertEqual(vm.diff_text(diff), "\n".join([
+            "old pack: " + old, "new pack: " + new,
+            "payee changes: 2",
+            '  "Hollow Oak Seeds Ltd": account changed',
+            "    current: DE89370400440532013000 -> GB82WEST12345698765432",
+            "    = DE89370400440532013000 (kept)",
+            '        M-seeds-jan, 2026-01-10T09:00:00Z, as "Hollow Oak Seeds Ltd"',
+            '          quote: "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00"',
+            "    + GB82WEST12345698765432 (added)",
+            '        M-seeds-jul, 2026-07-01T09:00:00Z, as "Hollow Oak Seeds Ltd"',
+            '          quote: "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed"',
+            '  "Dr. Marta Vidal": account removed',
+            "    current: 111000025 -> none",
+            "    - 111000025 (removed)",
+            '        M-rent, 2026-02-01T09:00:00Z, as "Dr. Marta Vidal"',
+            '          quote: "Dr. Marta Vidal, routing 111000025"',
+            "records: 2 added, 1 removed, 0 changed",
+            '  + M-seeds-jul  2026-07-01T09:00:00Z, "Ana", topic "t"',
+            '      statement: "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed"',
+            '      quote (message 2): "new IBAN GB82 WEST 1234 5698 7654 32, the old one is closed"',
+            '  + M-compost  2026-02-02T09:00:00Z, "Ana", topic "t"',
+            '      statement: "Compost bins get turned weekly."',
+            '      quote (message 4): "Compost bins get turned weekly."',
+            '  - M-rent  2026-02-01T09:00:00Z, "Ana", topic "t"',
+            '      statement: "Dr. Marta Vidal, routing 111000025"',
+            '      quote (message 3): "Dr. Marta Vidal, routing 111000025"',
+            "PACK.json: no PACK.json -> sequence none, created 2026-10-12T18:00:00Z, expires 2027-01-10T18:00:00Z",
+            'signer: unsigned -> verified SHA256:%s as "alice"' % ("A" * 43), ""]))
+
+    def test_text_and_json_of_a_changed_field(self):
+        old = self.pack(SEEDS_JAN)
+        new = self.copy_pack("metadata", old)
+        record = json.loads(read(os.path.join(new, "records.jsonl")))
+        del record["payee"]
+        record.update(statement="Seeds \u00e9", supersedes=["M-x"])       # metadata the builder does not write
+        write(os.path.join(new, "records.jsonl"), record_line(record) + "\n")
+        reseal(new)
+        diff = self.diff(old, new)
+        self.assertEqual(vm.diff_text(diff).splitlines()[3:11], [
+            '  "Hollow Oak Seeds Ltd": account removed', "    current: DE89370400440532013000 -> none",
+            "    - DE89370400440532013000 (removed)",
+            '        M-seeds-jan, 2026-01-10T09:00:00Z, as "Hollow Oak Seeds Ltd"',
+            '          quote: "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00"',
+            "records: 0 added, 0 removed, 1 changed", "  ~ M-seeds-jan",
+            '      statement: "pay Hollow Oak Seeds Ltd, IBAN DE89 3704 0044 0532 0130 00" -> "Seeds \u00e9"'])
+        self.assertEqual(vm.diff_text(diff).splitlines()[11:13], [
+            '      payee: {"name": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 00"} -> (absent)',
+            '      supersedes: (absent) -> ["M-x"]'])
+        printed = json.loads(json.dumps(vm.diff_json(diff)))
+        self.assertEqual(printed["records"]["changed"][0]["fields"][1:], [
+            {"field": "payee", "old": {"name": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 00"}},
+            {"field": "supersedes", "new": ["M-x"]}])
+
+
+@unittest.skipUnless(SSH_KEYGEN, "ssh-keygen is not installed")
+class TestSignPrevious(DiffCase):
+    """sign --previous: the diff before signing, the next sequence, and payee changes only when counted."""
+
+    def setUp(self):
+        super().setUp()
+        self.key = make_key(self.tmp, "packkey")
+        self.first = self.pack(SEEDS_JAN, RENT)
+        self.previous = os.path.join(self.tmp, "previous")
+        self.assertEqual(self.sign(self.first, self.previous, "--sequence", "3").returncode, 0)
+
+    def sign(self, pack, out, *extra):
+        env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+        return run("sign", "--pack", pack, "--key", self.key, "--expires", "90d", "--out", out, *extra, env=env,
+                   stdin=None, start_new_session=True)
+
+    def refused(self, done, out, message):
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertIn(message, done.stderr.decode())
+        self.assertFalse(os.path.exists(out))
+        self.assertEqual([name for name in os.listdir(self.tmp) if name.startswith(".")], [])
+
+    def test_payee_changes_are_signed_only_when_counted(self):
+        new = self.pack(SEEDS_JAN, RENT, SEEDS_JUL)
+        out = os.path.join(self.tmp, "out")
+        done = self.sign(new, out, "--previous", self.previous)
+        self.refused(done, out, "refused: the new pack makes 1 payee change(s), listed above. Confirm each with the "
+                     "payee through a contact you already had (never one from the new records), then sign again "
+                     "with --accept-payee-changes 1; nothing was written")
+        shown = done.stdout.decode().splitlines()
+        self.assertEqual(shown[:6], ["old pack: " + self.previous, "new pack: " + new, "payee changes: 1",
+                                     '  "Hollow Oak Seeds Ltd": account changed',
+                                     "    current: DE89370400440532013000 -> GB82WEST12345698765432",
+                                     "    = DE89370400440532013000 (kept)"])
+        self.assertIn("    + GB82WEST12345698765432 (added)", shown)
+        print_ = json.loads(run("check", "--pack", self.previous).stdout)["verification"]["signature"]["fingerprint"]
+        self.assertEqual(shown[-1], 'signer: verified %s as "this key" -> signing %s as "this key"' % (print_, print_))
+        self.assertTrue(shown[-2].startswith("PACK.json: sequence 3, created "), shown[-2])
+        self.assertIn(" -> sequence 4, created ", shown[-2])
+        for wrong in ("0", "2"):
+            self.refused(self.sign(new, out, "--previous", self.previous, "--accept-payee-changes", wrong), out,
+                         "refused: --accept-payee-changes %s does not match the 1 payee change(s) listed above; "
+                         "nothing was written" % wrong)
+        done = self.sign(new, out, "--previous", self.previous, "--accept-payee-changes", "1")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(json.loads(read(os.path.join(out, "PACK.json")))["sequence"], 4)
+        self.assertIn("signed %s (expires " % out, done.stdout.decode())
+        self.assertEqual(done.stderr, b"")
+
+    def test_no_payee_change_signs_at_the_next_sequence(self):
+        new = self.pack(SEEDS_JAN, RENT, COMPOST)
+        out = os.path.join(self.tmp, "out")
+        done = self.sign(new, out, "--previous", self.previous)
+        self.assertEqual((done.returncode, done.stderr), (0, b""))
+        self.assertEqual(done.stdout.decode().splitlines()[2:4], ["payee changes: 0",
+                                                                 "records: 1 added, 0 removed, 0 changed"])
+        self.assertEqual(json.loads(read(os.path.join(out, "PACK.json")))["sequence"], 4)
+        self.refused(self.sign(new, os.path.join(self.tmp, "o2"), "--previous", self.previous,
+                               "--accept-payee-changes", "1"), os.path.join(self.tmp, "o2"),
+                     "--accept-payee-changes 1 does not match the 0 payee change(s) listed above")
+        again = self.sign(new, os.path.join(self.tmp, "o3"), "--previous", out, "--sequence", "9",
+                          "--accept-payee-changes", "0")
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertEqual(json.loads(read(os.path.join(self.tmp, "o3", "PACK.json")))["sequence"], 9)
+
+    def test_a_sequence_not_above_the_previous_one_is_refused(self):
+        out = os.path.join(self.tmp, "out")
+        for sequence in ("3", "0", "2"):
+            done = self.sign(self.first, out, "--previous", self.previous, "--sequence", sequence)
+            self.refused(done, out, "refused: --sequence %s is not above the previous pack's sequence 3: hosts that "
+                         "raised --min-sequence to it would refuse the new pack as a rollback; nothing was written"
+                         % sequence)
+            self.assertEqual(done.stdout, b"")
+        unsequenced = os.path.join(self.tmp, "unsequenced")
+        self.assertEqual(self.sign(self.first, unsequenced).returncode, 0)
+        done = self.sign(self.first, out, "--previous", unsequenced)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(json.loads(read(os.path.join(out, "PACK.json")))["sequence"], 1)
+        self.assertIn("PACK.json: sequence none, created ", done.stdout.decode())
+
+    def test_without_previous_sign_says_what_previous_would_do(self):
+        out = os.path.join(self.tmp, "out")
+        done = self.sign(self.pack(SEEDS_JAN, RENT, SEEDS_JUL), out)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stderr.decode(), "verified-memory: note: sign --previous LAST_PACK would show what this "
+                         "pack changes since your last one, payee accounts first, and default --sequence to the next "
+                         "number\n")
+        self.assertNotIn("sequence", json.loads(read(os.path.join(out, "PACK.json"))))
+        self.assertFalse(done.stdout.decode().startswith("old pack"))
+
+    def test_usage_errors_and_a_previous_pack_that_does_not_verify(self):
+        out = os.path.join(self.tmp, "out")
+        for extra, said in ((["--accept-payee-changes", "1"], "--accept-payee-changes counts the payee changes since "
+                                                              "a --previous pack; give --previous"),
+                            (["--previous", self.previous, "--accept-payee-changes", "one"],
+                             "--accept-payee-changes must be a whole number, 0 or more, got 'one'"),
+                            (["--previous", self.previous, "--sequence", "-1"], "--sequence must be a whole number"),
+                            (["--previous="], "--previous is empty")):
+            with self.subTest(extra=extra):
+                done = self.sign(self.first, out, *extra)
+                self.assertEqual((done.returncode, done.stdout), (2, b""))
+                self.assertIn(said, done.stderr.decode())
+        write(os.path.join(self.previous, "README.md"), "edited\n")
+        self.refused(self.sign(self.first, out, "--previous", self.previous), out,
+                     "refused: --previous %s: README.md: SHA-256 of README.md" % self.previous)
+
+
+class TestDiffCommand(DiffCase):
+    def test_exit_status_text_and_json(self):
+        old, new = self.pack(SEEDS_JAN, RENT), self.pack(SEEDS_JAN, RENT, SEEDS_JUL)
+        same = run("diff", "--old", old, "--new", self.copy_pack("copy", old))
+        self.assertEqual((same.returncode, same.stderr), (0, b""))
+        self.assertEqual(same.stdout.decode().splitlines()[2:], [
+            "payee changes: 0", "records: 0 added, 0 removed, 0 changed", "PACK.json: no PACK.json -> no PACK.json",
+            "signer: unsigned -> unsigned"])
+        changed = run("diff", "--old", old, "--new", new)
+        self.assertEqual(changed.returncode, 1, changed.stderr)
+        loaded_old, loaded_new = self.load(old), self.load(new)
+        expected = vm.compare_packs(loaded_old, loaded_new, vm.pack_head(loaded_old), vm.pack_head(loaded_new))
+        self.assertEqual(changed.stdout.decode(), vm.diff_text(expected))
+        as_json = run("diff", "--json", "--old", old, "--new", new)
+        self.assertEqual(as_json.returncode, 1)
+        self.assertEqual(json.loads(as_json.stdout), json.loads(json.dumps(vm.diff_json(expected))))
+        relative = run("diff", "--old", os.path.basename(old), "--new=" + os.path.basename(new), "--json=false",
+                       cwd=self.tmp)
+        self.assertEqual((relative.returncode, relative.stdout), (1, changed.stdout))
+
+    def test_a_pack_that_does_not_verify_or_a_usage_error_exits_2(self):
+        old, new = self.pack(SEEDS_JAN), self.pack(SEEDS_JAN, RENT)
+        write(os.path.join(new, "README.md"), "edited\n")
+        done = run("diff", "--old", old, "--new", new)
+        self.assertEqual((done.returncode, done.stdout), (2, b""))
+        self.assertIn("refused: --new %s: README.md: SHA-256 of README.md" % new, done.stderr.decode())
+        done = run("diff", "--old", os.path.join(self.tmp, "missing"), "--new", old)
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("refused: --old %s: pack folder" % os.path.join(self.tmp, "missing"), done.stderr.decode())
+        for argv, said in ((["--old", old], "diff needs --new"), (["--new", old], "diff needs --old"),
+                           (["--old", old, "--new", old, "--json=maybe"], "--json takes true or false"),
+                           (["--old", old, "--new", old, "--pack", old], "unknown flag --pack for diff"),
+                           (["--old", old, "--new", old, "--min-sequence", "x"], "--min-sequence must be a whole")):
+            with self.subTest(argv=argv):
+                done = run("diff", *argv)
+                self.assertEqual((done.returncode, done.stdout), (2, b""))
+                self.assertIn(said, done.stderr.decode())
+
+    def test_trust_flags_apply_to_both_packs(self):
+        old = self.pack(SEEDS_JAN)
+        dates = pack_json(3, created_utc="2026-01-01T00:00:00Z", expires_utc="2099-01-01T00:00:00Z")
+        signed = self.signed_pack(KEY_A, dates, source=old)
+        print_ = test_key(KEY_A)[2]
+        done = run("diff", "--old", signed, "--new", signed, "--trusted-fingerprint", print_, "--strict")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.decode().splitlines()[-2:], [
+            "PACK.json: sequence 3, created 2026-01-01T00:00:00Z, expires 2099-01-01T00:00:00Z -> sequence 3, "
+            "created 2026-01-01T00:00:00Z, expires 2099-01-01T00:00:00Z",
+            'signer: verified %s as "pinned" -> verified %s as "pinned"' % (print_, print_)])
+        for first, second, which in ((old, signed, "--old"), (signed, old, "--new")):
+            done = run("diff", "--old", first, "--new", second, "--trusted-fingerprint", print_)
+            self.assertEqual(done.returncode, 2)
+            self.assertIn("refused: %s %s: pack is unsigned, but --trusted-fingerprint requires a signature"
+                          % (which, old), done.stderr.decode())
+        done = run("diff", "--old", signed, "--new", signed, "--min-sequence", "4", "--trusted-fingerprint", print_)
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("pack sequence 3 is lower than the minimum 4", done.stderr.decode())
+
+    def test_help(self):
+        done = run("diff", "--help")
+        self.assertEqual((done.returncode, done.stdout.decode()), (0, vm.DIFF_HELP))
+        self.assertEqual(run("sign", "--help").stdout.decode(), vm.SIGN_HELP)
+        self.assertIn("verified_memory.py diff   --old PACK --new PACK", run("--help").stdout.decode())
+        self.assertEqual(run("search", "--help").stdout, run("--help").stdout)
+
+    def test_check_payee_help_states_the_rules_and_every_reason(self):
+        done = run("check-payee", "--help")
+        self.assertEqual(done.returncode, 0)
+        text = done.stdout.decode()
+        self.assertTrue(text.startswith(vm.CHECK_PAYEE_RULES), text)
+        self.assertEqual(list(vm.PAYEE_REASON_HELP), list(vm.PAYEE_REASONS))     # a reason without a row shows here
+        reasons = text[len(vm.CHECK_PAYEE_RULES):].splitlines()
+        listed = [line.strip() for line in reasons if not line.startswith("      ")]
+        self.assertEqual(listed, ["%s / %s" % (outcome, reason) for reason, outcome in vm.PAYEE_REASONS.items()])
+        for reason, meaning in vm.PAYEE_REASON_HELP.items():
+            self.assertIn(" ".join(meaning.split()), " ".join(text.split()))
+        for reason in vm.PAYEE_REASONS:
+            self.assertIn(reason, vm.CHECK_PAYEE_RULES)
 
 
 # ---------------------------------------------------------------------------
@@ -6053,7 +6822,8 @@ class TestPackMakerApi(MakerCase):
     def test_a_payee_fact_is_checked_by_the_builder_and_answers_the_payee_tool(self):
         text = "Hollow Oak Seeds Ltd: please pay into DE89 3704 0044 0532 0130 00 from now on."
         export = [gpt_conversation("c-pay", "Seeds", 1717236000.0, {
-            "root": gpt_node(None, ["u"]), "u": gpt_node("root", [], "user", [text], 1717236005.0)}, "u")]
+            "root": gpt_node(None, ["u"]), "u": gpt_node("root", ["v"], "user", [text], 1717236005.0),
+            "v": gpt_node("u", [], "user", ["Rent goes to Dr. Marta Vidal, routing 111000025."], 1717236009.0)}, "v")]
         maker = self.start(json.dumps(export).encode(), name="conversations.json").login()
         record = {"record_id": "M-seeds", "role": "user", "topic": "Seed supplier", "category": "payees",
                   "quotes": [{"message_id": 1, "quote": text}],
@@ -6061,11 +6831,25 @@ class TestPackMakerApi(MakerCase):
         swapped = dict(record, payee={"name": "Hollow Oak Seeds Ltd", "account": "DE89 3704 0044 0532 0130 01"})
         error = maker.api("records", {"records": [swapped]}, status=400)["error"]
         self.assertTrue(error.startswith("records.jsonl line 1, field payee.account: "), error)
-        maker.api("build", {"title": "Payees", "records": [record]})
-        done = run("check-payee", "--pack", self.out, "--payee", "Hollow Oak Seeds Ltd", "--account",
-                   "DE89370400440532013000")
+        second = {"record_id": "M-rent", "role": "user", "topic": "Rent", "category": "payees",
+                  "quotes": [{"message_id": 2, "quote": "routing 111000025"}],
+                  "payee": [{"name": "Dr. Marta Vidal", "account": "111000025"},
+                            {"name": "Hollow Oak Seeds", "account": "111-000-025"}]}
+        report = maker.api("build", {"title": "Payees", "records": [second, record]})
+        self.assertEqual(report["payees"], [      # a payee's accounts together, newest first; the account leads
+            {"account": "111000025", "status": "current", "name": "Dr. Marta Vidal", "record_id": "M-rent",
+             "date_last_utc": "2024-06-01T10:00:09Z"},
+            {"account": "111000025", "status": "current", "name": "Hollow Oak Seeds", "record_id": "M-rent",
+             "date_last_utc": "2024-06-01T10:00:09Z"},
+            {"account": "DE89370400440532013000", "status": "earlier", "name": "Hollow Oak Seeds Ltd",
+             "record_id": "M-seeds", "date_last_utc": "2024-06-01T10:00:05Z"}])
+        done = run("check-payee", "--pack", self.out, "--payee", "Hollow Oak Seeds", "--account", "111000025")
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(json.loads(done.stdout)["outcome"], "match")
+        done = run("check-payee", "--pack", self.out, "--payee", "Hollow Oak Seeds Ltd", "--account",
+                   "DE89370400440532013000")                  # M-rent, newer, gives the payee another account
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertEqual(json.loads(done.stdout)["reason"], "account_superseded")
 
     def test_records_build_a_pack_identical_to_import_and_build(self):
         maker = self.start().login()
@@ -6091,7 +6875,7 @@ class TestPackMakerApi(MakerCase):
             self.assertEqual(read(os.path.join(self.out, name)), read(os.path.join(cli, name)), name)
         check = json.loads(run("check", "--pack", self.out).stdout)
         del check["sandbox"]                    # the checking process's own state, not the pack's
-        self.assertEqual(report, check)
+        self.assertEqual(report, dict(check, payees=[]))
         self.assertEqual(maker.api("build", {"title": "Again", "records": RECORDS}, status=400), {
             "error": "%s already exists; --out must name a folder that does not exist yet" % self.out})
         self.assertEqual(maker.api("build", {"title": "", "records": RECORDS}, status=400),
@@ -6447,6 +7231,50 @@ class TestPackMakerInChromium(MakerCase):
         # Stop the maker from the page
         tab.evaluate("document.getElementById('quit').click()")
         self.assertEqual(maker.proc.wait(30), 0)
+
+
+    def test_the_build_panel_shows_the_payee_accounts_first(self):
+        text = ("Hollow Oak Seeds Ltd moved banks: pay GB82 WEST 1234 5698 7654 32 from July; "
+                "DE89 3704 0044 0532 0130 00 is closed.")
+        export = [gpt_conversation("c-pay", "Seeds", 1717236000.0, {
+            "root": gpt_node(None, ["u"]), "u": gpt_node("root", [], "user", [text], 1717236005.0)}, "u")]
+        write(os.path.join(self.tmp, "conversations.json"), json.dumps(export))
+        saved = os.path.join(self.tmp, "records.jsonl")
+        write(saved, json.dumps({"record_id": "M-seeds", "role": "user", "topic": "Seeds", "category": "payees",
+                                 "quotes": [{"message_id": 1, "quote": text}],
+                                 "payee": [{"name": "Hollow Oak Seeds Ltd", "account": "GB82 WEST 1234 5698 7654 32"},
+                                           {"name": "Hollow Oak Seeds Ltd", "account": "DE89370400440532013000"}],
+                                 "supersedes": ["M-old-1", "M-old-2"]}))
+        maker = self.start(None, "--records", saved, name="conversations.json")
+        tab = self.browser(self.outside_proxy()[0])
+        tab.call("Page.navigate", url="%s/?token=%s" % (maker.origin, maker.token))
+        tab.wait_for("document.querySelectorAll('#records > li').length === 1")
+        self.assertTrue(tab.evaluate("document.getElementById('payees-panel').hidden"))
+        tab.evaluate("document.querySelector('[aria-label=\"Edit M-seeds\"]').click()")     # editing keeps supersedes
+        self.assertEqual(tab.evaluate("document.getElementById('supersedes').value"), "M-old-1 M-old-2")
+        tab.evaluate("document.getElementById('record-form').requestSubmit()")
+        tab.wait_for("document.getElementById('record-status').textContent === 'Saved M-seeds.'")
+        self.assertEqual(tab.evaluate("state.records[0].supersedes"), ["M-old-1", "M-old-2"])
+        tab.evaluate("document.getElementById('build').click()")
+        tab.wait_for("document.getElementById('build-report').textContent.startsWith('Verified')")
+        rows = tab.evaluate("[...document.querySelectorAll('#payees tr')].map((row) => [...row.cells].map("
+                            "(cell) => cell.textContent))")
+        self.assertEqual(rows, [["Account", "Status", "Payee", "Record", "Date"],
+                                ["DE89370400440532013000", "current", "Hollow Oak Seeds Ltd", "M-seeds",
+                                 "2024-06-01T10:00:05Z"],
+                                ["GB82WEST12345698765432", "current", "Hollow Oak Seeds Ltd", "M-seeds",
+                                 "2024-06-01T10:00:05Z"]])
+        self.assertFalse(tab.evaluate("document.getElementById('payees-panel').hidden"))
+        panel_first = tab.evaluate("!!(document.getElementById('payees-panel').compareDocumentPosition("
+                                   "document.getElementById('build-report')) & Node.DOCUMENT_POSITION_FOLLOWING)")
+        self.assertTrue(panel_first)
+        self.assertNotIn('"payees"', self.text(tab, "build-report"))
+        screenshot = base64.b64decode(tab.call("Page.captureScreenshot", format="png",
+                                               captureBeyondViewport=True)["data"])
+        if os.environ.get("VM_MAKER_SCREENSHOT"):
+            write(os.environ["VM_MAKER_SCREENSHOT"].replace(".png", "-payees.png"), screenshot)
+        methods = ("Runtime.consoleAPICalled", "Runtime.exceptionThrown", "Log.entryAdded")
+        self.assertEqual([e for e in tab.events if e["method"] in methods], [])
 
 
 # ---------------------------------------------------------------------------
@@ -7093,6 +7921,19 @@ def payee_heavy_pack(folder, field="payee", records=8400, facts=16):
     return folder
 
 
+def _one_record_changed(source, folder):
+    """A copy of `source` whose first record has a new statement, resealed."""
+    shutil.copytree(source, folder)
+    path = os.path.join(folder, "records.jsonl")
+    lines = read(path).decode("utf-8").splitlines()
+    record = json.loads(lines[0])
+    record["statement"] = "changed " + record["statement"]
+    lines[0] = record_line(record)
+    write(path, "\n".join(lines) + "\n")
+    reseal(folder)
+    return folder
+
+
 def _spawn_to_answers(pack, *requests):
     """Spawn a server -> seconds from spawn to the initialize answer and to the answer of each request sent after
     it, one at a time."""
@@ -7128,6 +7969,35 @@ def _bench_payee_heavy(tmp, rounds=5):
           % (_median([r[1] for r in ratios]), _median([r[3] for r in ratios])))
     print("    spawn -> first check_payee answered                       %.3f s   %.2fx its initialize   (goal <= 3x)"
           % (_median([r[2] for r in ratios]), _median([r[4] for r in ratios])))
+
+
+def _bench_diff(tmp, max_pack, runs=5):
+    """`diff` on two maximal packs (load both, compare, write the text) against loading both (goal: within 2x),
+    for a copy where one record changed and one where every record changed and 1,000 payee facts came."""
+    payees = os.path.join(tmp, "payees")
+    if not os.path.isdir(payees):
+        _payee_pack(max_pack, payees)
+    print("\n  diff on two maximal packs, median of %d in process (goal <= 2x loading both):" % runs)
+    for label, new in (("one record changed", _one_record_changed(max_pack, os.path.join(tmp, "one-changed"))),
+                       ("every record changed, 1,000 payee facts added", payees)):
+        loads, diffs = [], []
+        for _ in range(runs):
+            start = time.perf_counter()
+            old_snapshot = vm.load_pack(max_pack, vm.TrustPolicy(), time.time_ns())
+            new_snapshot = vm.load_pack(new, vm.TrustPolicy(), time.time_ns())
+            loads.append(time.perf_counter() - start)
+            del old_snapshot, new_snapshot
+            start = time.perf_counter()
+            old_snapshot = vm.load_pack(max_pack, vm.TrustPolicy(), time.time_ns())
+            new_snapshot = vm.load_pack(new, vm.TrustPolicy(), time.time_ns())
+            diff = vm.compare_packs(old_snapshot, new_snapshot, vm.pack_head(old_snapshot), vm.pack_head(new_snapshot))
+            text = vm.diff_text(diff)
+            diffs.append(time.perf_counter() - start)
+            del old_snapshot, new_snapshot, diff
+        load, whole = _median(loads), _median(diffs)
+        print("    %-48s load both %.2f s; diff %.2f s (%.1f MB of text, %d payee changes): %.2fx"
+              % (label, load, whole, len(text.encode()) / 1e6, text.count("account changed") +
+                 text.count("account added") + text.count("account removed"), whole / load))
 
 
 def _bench_sandbox(example, pack, queries, runs=9, passes=3):
@@ -7293,7 +8163,7 @@ def _bench_export(tmp):
         maker.stderr.close()
 
 
-BENCH_PARTS = ("ed25519", "cold", "chat", "uniform", "sandbox", "build", "payee", "payee-heavy", "export")
+BENCH_PARTS = ("ed25519", "cold", "chat", "uniform", "sandbox", "build", "payee", "diff", "payee-heavy", "export")
 
 
 def bench(parts=BENCH_PARTS):
@@ -7310,7 +8180,7 @@ def bench(parts=BENCH_PARTS):
         if "chat" in parts:
             _bench_pack("chat (Zipf English words, codes, non-ASCII, metadata)",
                         make_chat_pack(os.path.join(tmp, "chat")), _bytecode_command(tmp))
-        if {"uniform", "sandbox", "build", "payee"} & set(parts):
+        if {"uniform", "sandbox", "build", "payee", "diff"} & set(parts):
             _bench_uniform(tmp, parts)
         if "payee-heavy" in parts:
             _bench_payee_heavy(tmp)
@@ -7335,7 +8205,7 @@ def _bench_cold_start(tmp):
 
 
 def _bench_uniform(tmp, parts):
-    """The parts run on the uniform maximal pack: its table, the sandbox, the builder, the payee check."""
+    """The parts run on the uniform maximal pack: its table, the sandbox, the builder, the payee check, diff."""
     pack, vocabulary = make_max_pack(os.path.join(tmp, "uniform"))
     if "uniform" in parts:
         _bench_pack("uniform (made-up words, 2 quotes each)", pack, _bytecode_command(tmp))
@@ -7352,6 +8222,8 @@ def _bench_uniform(tmp, parts):
               % ((os.path.getsize(messages) + os.path.getsize(records)) // 10**6, built, built / _floor(pack)))
     if "payee" in parts:
         _bench_payee(tmp, pack)
+    if "diff" in parts:
+        _bench_diff(tmp, pack)
 
 
 if __name__ == "__main__":

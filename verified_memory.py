@@ -14,6 +14,8 @@ snapshot: verified_memory_search, verified_memory_get and verified_memory_check_
   verified_memory.py check-payee --pack /abs/pack [trust flags] --payee NAME --account ACCOUNT  (exit 0: match)
   verified_memory.py build  --messages M.jsonl --records R.jsonl --out DIR --title T [--description D]
   verified_memory.py sign   --pack DIR --key KEY --expires 90d|TIME [--sequence N] --out DIR
+                            [--previous LAST_PACK [--accept-payee-changes N]]
+  verified_memory.py diff   --old PACK --new PACK [trust flags] [--json]   (exit 0: the same records, 1: they differ)
   verified_memory.py dist   --out DIR [--registry-name io.github.OWNER/NAME --release-url URL] [--pypi-name N]
   verified_memory.py import --export EXPORT.zip --out messages.jsonl     a ChatGPT or Claude export -> messages
   verified_memory.py export-shape EXPORT.zip                        its structure, never its text
@@ -966,7 +968,9 @@ def verify_pack_files(files):
 # ============================================================================
 # A record may carry "payee": {"name", "account"} (or a list of them), anchored in its quotes. The builder
 # and the pack verifier check it with the same function (payee_facts); the payee tool decides with
-# judge_payee. Nothing fuzzy can ever produce a match: only an exact name does.
+# judge_payee. Nothing fuzzy can ever produce a match: only an exact name does. Bank details change, and the
+# message announcing it is what a fraudster sends, so the payee's newest record decides which account is
+# current (current_facts); a record's "supersedes" metadata can retire another whatever its date.
 
 MAX_PAYEES = 16                   # payee facts in one record
 MAX_PAYEE_NAME = 200              # characters
@@ -1004,13 +1008,16 @@ _NAME_GAP = re.compile(r"[\W_]+")
 CLOSE_NAME_LENGTHS = (5, 13)      # a close name may be 1 edit away from 5 characters, 2 edits from 13
 # reason -> outcome: the closed set the payee tool answers with
 PAYEE_REASONS = {"account_and_name_recorded": "match", "name_close": "close_match",
-                 "account_recorded_for_other_payee": "no_match", "payee_recorded_with_other_account": "no_match",
+                 "account_superseded": "no_match", "account_recorded_for_other_payee": "no_match",
+                 "payee_recorded_with_other_account": "no_match",
                  "account_malformed": "not_possible", "account_invalid_checksum": "not_possible",
                  "not_in_memory": "not_possible"}
-# the reason for the names recorded with the asked account, best first (judge_payee)
-_SAME_ACCOUNT_REASONS = (("exact", "account_and_name_recorded"), ("close", "name_close"),
-                         ("different", "account_recorded_for_other_payee"))
 PayeeFact = namedtuple("PayeeFact", "newest record_id index name account")   # newest: -date_last_utc in ns
+# who supersedes each record ({index: [indices]}), and the records in doubt (on or below a cycle of supersedes)
+Supersession = namedtuple("Supersession", "superseded_by in_doubt")
+# a payee check's decision: its reason, the facts that decide it ([(names_match result, fact)]), the facts of the
+# asked payee, and those that give its current account(s)
+PayeeDecision = namedtuple("PayeeDecision", "reason related payee current")
 _PAYEE_KEYS = {"name", "account"}
 
 
@@ -1027,6 +1034,8 @@ def _spelling_table():
 
 
 _SPELLING = _spelling_table()
+_OUTLINE = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789|", b"0" * 37)   # a piece's bytes as "0"s
+_PIECE_START = ord("1")
 
 
 def _letter_digits():
@@ -1044,7 +1053,7 @@ _LETTER_DIGITS = _letter_digits()
 @functools.lru_cache(maxsize=None)
 def _bban_format(country):
     """A registry country code -> (its BBAN format, the length of its IBANs, a pattern that matches exactly its
-    BBANs), or None."""
+    BBANs, the code read as digits as ISO 7064 reads it), or None."""
     spec = IBAN_BBAN.get(country)
     if spec is None:
         return None
@@ -1053,7 +1062,7 @@ def _bban_format(country):
     for count, kind in _BBAN_PART.findall(spec):
         pattern += "[%s]{%s}" % (_BBAN_CLASSES[kind], count)
         length += int(count)
-    return spec, length, re.compile(pattern)
+    return spec, length, re.compile(pattern), country.translate(_LETTER_DIGITS)
 
 
 def _iban_problem(iban):
@@ -1064,14 +1073,16 @@ def _iban_problem(iban):
     bban = _bban_format(country)
     if bban is None:
         return "IBAN country code %s is not in the IBAN registry" % country
-    spec, length, pattern = bban
+    spec, length, pattern, country_digits = bban
     if len(iban) != length:
         return "an IBAN from %s has %d characters, this one has %d" % (country, length, len(iban))
     if not pattern.fullmatch(iban[4:]):
         return "the IBAN does not have the %s account format (BBAN %s)" % (country, spec)
     check_digits = int(iban[2:4])
-    moved = iban[4:] + iban[:4]
-    number = int(moved.translate(_LETTER_DIGITS))
+    digits = iban[4:]
+    if not digits.isdigit():                  # most BBANs are digits only, and a translation is slow
+        digits = digits.translate(_LETTER_DIGITS)
+    number = int(digits + country_digits + iban[2:4])       # the BBAN, then the country and check digits
     if not 2 <= check_digits <= 98 or number % 97 != 1:
         return "the IBAN check digits do not match (ISO 7064 mod 97-10): a character is mistyped or two are swapped"
     return None
@@ -1119,14 +1130,16 @@ def check_account(text):
 class AccountSpellings:
     """Texts read for the accounts they spell out (mentions_account's rule), once for all the quotes of a
     record so that each of its payees is looked up at C speed: the texts' tokens upper-cased, end to end, with
-    "|" for each character that ends a chain (`squashed`), and where each token starts and ends."""
+    "|" for each character that ends a chain and one more at the end (`squashed`), and for each of its bytes
+    "1" where a piece (a token or a "|") starts, else "0" (`starts`)."""
 
     def __init__(self, texts):
         utf8 = "\n".join(texts).encode("utf-8", "surrogatepass")
-        spaced = utf8.translate(_SPELLING).replace(b"|", b" | ")
-        pieces = spaced.split()               # tokens, and a "|" for each character that ends a chain
-        self.squashed = b"".join(pieces)
-        self.bounds = set(accumulate(map(len, pieces), initial=0))      # where each piece starts and ends
+        # each piece after a space, a "|" apart from its neighbours, and a last "|" where the texts end
+        spaced = b" " + utf8.translate(_SPELLING).replace(b"|", b" | ") + b" |"
+        self.squashed = spaced.replace(b" ", b"")
+        outline = spaced.translate(_OUTLINE)  # a piece's bytes as "0"s, the spaces kept
+        self.starts = outline.replace(b" 0", b"1").replace(b" ", b"")
 
     def spell(self, account):
         """Whether whole tokens of one chain, end to end, spell the normalised `account`."""
@@ -1134,7 +1147,7 @@ class AccountSpellings:
         at = self.squashed.find(needle)
         while at >= 0:
             end = at + len(needle)
-            if at in self.bounds and end in self.bounds:
+            if self.starts[at] == _PIECE_START and self.starts[end] == _PIECE_START:
                 return True
             at = self.squashed.find(needle, at + 1)
         return False
@@ -1261,35 +1274,108 @@ def names_match(asked, recorded):
     return "different"
 
 
-def _related(name, account, facts):
-    """[(names_match result, fact)] of the facts that record `account` with any name, or this payee (an exact
-    name, or the same name_words in any order) with any account; in the order of `facts`."""
-    words = _sorted_words(name)
+def _is_record_id(value):
+    """Whether a JSON value is a record ID."""
+    return type(value) is str and RECORD_ID.fullmatch(value) is not None
+
+
+def superseded_ids(value):
+    """A record's `supersedes` metadata -> the record IDs it names: one ID or a list of them. Anything else
+    names none and is never refused: 0.4.1 keeps the field as metadata of any shape."""
+    items = [value]
+    if type(value) is list:
+        items = value
+    return list(filter(_is_record_id, items))
+
+
+def supersession(links):
+    """{record index: indices of the records its supersedes names} -> Supersession: who supersedes each record,
+    and the records in doubt: those on a cycle of supersedes (a record that names itself included) or superseded
+    from one. The records that nothing supersedes are taken away, then those that only they superseded, and so
+    on (Kahn's order); the records left are in doubt."""
+    superseded_by = defaultdict(list)
+    for source, targets in links.items():
+        for target in set(targets):
+            superseded_by[target].append(source)
+    waiting = {target: len(sources) for target, sources in superseded_by.items()}     # records superseding each
+    free = [source for source in links if source not in waiting]
+    while free:
+        source = free.pop()
+        for target in set(links.get(source, ())):
+            waiting[target] -= 1
+            if not waiting[target]:
+                del waiting[target]
+                free.append(target)
+    return Supersession(dict(superseded_by), frozenset(waiting))
+
+
+NO_SUPERSESSION = Supersession({}, frozenset())
+
+
+def current_facts(payee, supersession):
+    """The facts of one payee, newest first -> those that give its current account(s): the newest of those whose
+    record nothing supersedes (all of them on a tie); none while a record in doubt is newer than they are."""
+    live = [fact for fact in payee if fact.index not in supersession.superseded_by]
+    if not live:
+        return []
+    newest = live[0].newest
+    for fact in payee:
+        if fact.index in supersession.in_doubt and fact.newest < newest:
+            return []
+    return [fact for fact in live if fact.newest == newest]
+
+
+def _superseders(fact, payee, supersession):
+    """A fact whose account is not current -> the indices of the records that superseded it: those whose
+    supersedes names its record, else the oldest record of the payee that is newer and gives another account."""
+    listed = supersession.superseded_by.get(fact.index)
+    if listed:
+        return listed
+    for other in reversed(payee):             # oldest first
+        if other.newest < fact.newest and other.account != fact.account:
+            return [other.index]
+    return []
+
+
+def judge_payee(name, account, facts, supersession=NO_SUPERSESSION):
+    """Decide a payee check over `facts` (newest first) -> PayeeDecision.
+
+    The payee's facts are those whose name is exact or close (names_match); its current account(s) are
+    current_facts'. This account current: account_and_name_recorded when a current fact pairs it with exactly
+    this name, else name_close. An earlier account of the payee: account_superseded. Else the account recorded
+    for someone else, or the payee only with other accounts, is no match; with neither, not_in_memory.
+    `related` lists every fact of the payee or of the account, in the order of `facts`.
+    """
+    names = {fact.name for fact in facts}
+    matches = {recorded: names_match(name, recorded) for recorded in names}
     related = []
+    payee = []
     for fact in facts:
-        how = names_match(name, fact.name)
-        same_payee = how != "different" and _sorted_words(fact.name) == words
-        if fact.account == account or same_payee:
+        how = matches[fact.name]
+        if fact.account == account or how != "different":
             related.append((how, fact))
-    return related
+        if how != "different":
+            payee.append(fact)
+    current = current_facts(payee, supersession)
+    hows = {matches[fact.name] for fact in current if fact.account == account}
+    reason = _payee_reason(hows, account, payee, related)
+    return PayeeDecision(reason, related, payee, current)
 
 
-def judge_payee(name, account, facts):
-    """Decide a payee check over `facts` (newest first) -> (reason, the facts that decide it: _related).
-    An exact name with the account is a match even when the payee is also recorded with other accounts (they
-    are listed too); else a close name with the account is a close match; else the account recorded for
-    someone else, or the payee only with other accounts, is no match; with neither, not_in_memory."""
-    related = _related(name, account, facts)
-    same_account = set()
-    for how, fact in related:
-        if fact.account == account:
-            same_account.add(how)
-    for how, reason in _SAME_ACCOUNT_REASONS:
-        if how in same_account:
-            return reason, related
+def _payee_reason(hows, account, payee, related):
+    """The reason of a check: `hows`, how the current facts that record `account` name the payee; the payee's
+    facts; the deciding facts ([(how, fact)])."""
+    if "exact" in hows:
+        return "account_and_name_recorded"
+    if hows:
+        return "name_close"
+    if account in {fact.account for fact in payee}:
+        return "account_superseded"
+    if account in {fact.account for _, fact in related}:
+        return "account_recorded_for_other_payee"
     if related:
-        return "payee_recorded_with_other_account", related
-    return "not_in_memory", related
+        return "payee_recorded_with_other_account"
+    return "not_in_memory"
 
 
 # ============================================================================
@@ -2224,15 +2310,20 @@ TOOLS = (
      "description": "Before paying, check a payee name and account against the payee facts of the verified pack "
                     "(a name and account that a record pairs and its quotes contain); nothing else is consulted. "
                     "Account: spaces and hyphens ignored, any case; IBANs (ISO 13616) and 9-digit ABA routing "
-                    "numbers (3-7-1) are checked. outcome and reason: match / account_and_name_recorded (a record "
-                    "pairs this account with exactly this name: proceed); close_match / name_close (the account is "
-                    "recorded for a name differing only in case, accents, punctuation, word order, titles, legal "
-                    "form or 1-2 typing errors; see the recorded name in records: confirm it with the person); "
-                    "no_match / account_recorded_for_other_payee or payee_recorded_with_other_account (records "
-                    "show who and which accounts: stop and ask the person); not_possible / account_malformed, "
-                    "account_invalid_checksum or not_in_memory (stop and ask the person). When records disagree "
-                    "all are listed, newest date_last_utc first, and the outcome is match only if one pairs this "
-                    "exact name with this account. records: the deciding records with quotes; mentions: other "
+                    "numbers (3-7-1) are checked. The newest record decides: the payee's records are those whose "
+                    "name is this one exactly or closely; its current account(s) are those of the newest of them "
+                    "(date_last_utc; all on a tie), and a record listed in another record's supersedes is "
+                    "superseded whatever its date (a cycle of supersedes leaves no current account while its "
+                    "records are the newest). outcome and reason: match / account_and_name_recorded (a current "
+                    "account, paired with exactly this name: proceed, but when account_changed is set the payee "
+                    "had other accounts before: confirm with the payee through a contact from an earlier record "
+                    "first); close_match / name_close (a current account recorded for a name differing only in "
+                    "case, accents, punctuation, word order, titles, legal form or 1-2 typing errors; see records: "
+                    "confirm it with the person); no_match / account_superseded (an earlier account of this payee; "
+                    "account_superseded gives the current account(s) and the record that superseded it), "
+                    "account_recorded_for_other_payee or payee_recorded_with_other_account (stop and ask the "
+                    "person); not_possible / account_malformed, account_invalid_checksum or not_in_memory (stop and "
+                    "ask the person). records: every deciding record with quotes, newest first; mentions: other "
                     "records quoting the account as free text. Only as trustworthy as the pack's signature.",
      "inputSchema": {"type": "object", "properties": {
          "payee": {"type": "string", "minLength": 1, "maxLength": 200},
@@ -2245,9 +2336,15 @@ TOOLS = (
          "mentions": {"type": "array", "items": {"type": "object"}}, "mentions_total": {"type": "integer"},
          "account": {"type": "object", "description": "normalised, format (iban, aba, other or null), checksum "
                      "(valid, invalid, not_applicable) and problem"},
+         "account_changed": {"type": ["object", "null"], "description": "for a current account of a payee that "
+                             "had others before: current_since_utc, earlier (account, record_id, date_last_utc), "
+                             "earlier_total"},
+         "account_superseded": {"type": ["object", "null"], "description": "for an earlier account: current "
+                                "(account, record_id, date_last_utc), superseded_by (record IDs), in_doubt "
+                                "(record IDs on or below a cycle of supersedes)"},
          "verification": _VERIFICATION_SCHEMA, "notice": {"type": "string"}},
          "required": ["outcome", "reason", "records", "records_total", "mentions", "mentions_total", "account",
-                      "verification", "notice"]},
+                      "account_changed", "account_superseded", "verification", "notice"]},
      "annotations": _ANNOTATIONS},
 )
 
@@ -2280,10 +2377,14 @@ def _argument_error(name, arguments):
     return None
 
 
+_NOT_DIGIT_BYTES = bytes(byte for byte in range(256) if byte not in b"0123456789")
+
+
 def _quote_digits(record):
-    """A record -> the ASCII digits of its quotes, run together."""
+    """A record -> the ASCII digits of its quotes, run together (UTF-8 writes no other character with them)."""
     quotes = [citation["quote"] for citation in record["evidence"]]
-    return _NOT_DIGITS.sub("", "\n".join(quotes))
+    utf8 = "\n".join(quotes).encode("utf-8", "surrogatepass")
+    return utf8.translate(None, _NOT_DIGIT_BYTES).decode("ascii")
 
 
 def _mention(record, account):
@@ -2294,9 +2395,133 @@ def _mention(record, account):
             "speaker": record["speaker"], "evidence": evidence}
 
 
+def _supersedes_links(records, ids):
+    """(index, record) pairs and {record_id: index} -> {index: [indices its supersedes names]} for each record
+    whose supersedes names a record of this pack (an ID of no record here is left out)."""
+    links = {}
+    for i, record in records:
+        named = superseded_ids(record.get("supersedes"))
+        targets = [ids[record_id] for record_id in named if record_id in ids]
+        if targets:
+            links[i] = targets
+    return links
+
+
+def snapshot_payee_facts(snapshot):
+    """Every payee fact of a snapshot, as a PayeeFact, newest first."""
+    facts = []
+    for i, pairs in snapshot.payees:
+        for name, account in pairs:
+            facts.append(PayeeFact(-snapshot.dates[i], snapshot.record_ids[i], i, name, account))
+    facts.sort()
+    return facts
+
+
+def snapshot_supersession(snapshot):
+    """A snapshot -> its Supersession, reading only the records whose line holds "supersedes" or an escape
+    (which may spell it), as PayeeIndex reads all of them."""
+    records = snapshot.records
+    starts = snapshot.offsets
+    read = []
+    if b'"supersedes"' not in records and b"\\" not in records:
+        return NO_SUPERSESSION
+    for i in range(snapshot.pack["records"]):
+        line = records[starts[i]:starts[i + 1]]
+        if b'"supersedes"' in line or b"\\" in line:
+            read.append((i, snapshot.record(i)))
+    return supersession(_supersedes_links(read, snapshot.ids))
+
+
 def _newest_first(mention):
     """The order of mentions: newest date_last_utc first, then record ID."""
     return -parse_utc(mention["date_last_utc"]), mention["record_id"]
+
+
+CLOSE_PARTS = 5        # two edits change at most four parts of a text cut in five
+
+
+def _deletions(text):
+    """A text and each text one character shorter that it gives: two texts within 1 edit always share one."""
+    found = {text}
+    for at in range(len(text)):
+        found.add(text[:at] + text[at + 1:])
+    return found
+
+
+def _word_forms(name):
+    """A name -> its words joined by spaces, in the given and in sorted order (_close_words compares both)."""
+    words = name_words(name)
+    if not words:
+        return set()
+    return {" ".join(words), " ".join(sorted(words))}
+
+
+def _part_bounds(size):
+    """Where each of the CLOSE_PARTS parts of a text of `size` characters starts, and where the last ends."""
+    return [size * k // CLOSE_PARTS for k in range(CLOSE_PARTS + 1)]
+
+
+def _keys(text):
+    """What CloseNames files a recorded text under. Texts within 1 edit (the longer 5 to 12 characters) share a
+    "d" key: one of their _deletions. Texts within 2 edits (the longer from 13 characters, so both from 11):
+    an edit changes at most two neighbouring characters, so two leave one of the recorded text's CLOSE_PARTS
+    parts whole in the other text, at most 2 characters from where it lies in the recorded one. Its "p" keys:
+    each part with its number and the recorded text's length, which fixes where the parts lie. Few keys a name,
+    each shorter than it, so the index stays linear in the names' size."""
+    size = len(text)
+    keys = []
+    if 4 <= size <= 12:
+        keys += ["d:" + part for part in _deletions(text)]
+    if size >= 11:
+        bounds = _part_bounds(size)
+        for k in range(CLOSE_PARTS):
+            keys.append("p%d.%d:%s" % (size, k, text[bounds[k]:bounds[k + 1]]))
+    return keys
+
+
+def _probes(text):
+    """The keys to look up for an asked text: its own "d" keys, and for each length a recorded text within 2
+    edits may have, each stretch of the asked text where a part of it may lie whole (2 characters either way)."""
+    size = len(text)
+    probes = []
+    if 4 <= size <= 12:
+        probes += ["d:" + part for part in _deletions(text)]
+    if size < 11:
+        return probes
+    for recorded in range(max(11, size - 2), size + 3):
+        bounds = _part_bounds(recorded)
+        for k in range(CLOSE_PARTS):
+            length = bounds[k + 1] - bounds[k]
+            for start in range(max(0, bounds[k] - 2), bounds[k] + 3):
+                probes.append("p%d.%d:%s" % (recorded, k, text[start:start + length]))
+    return probes
+
+
+class CloseNames:
+    """The recorded payee names by what a name within edits of them shares with them (_keys), so that a check
+    compares a few names with names_match, not all. Contract: candidates(name) holds every recorded name whose
+    words are within the edits _close_words allows of the asked name's words, in the given or in sorted order
+    (names with the same words in any order come from by_words); names_match decides. Tests compare it with
+    a scan of every name."""
+
+    def __init__(self, names):
+        self.by_key = defaultdict(set)
+        for name in names:
+            self.add(name)
+
+    def add(self, name):
+        """File one recorded name under its keys."""
+        for text in _word_forms(name):
+            for key in _keys(text):
+                self.by_key[key].add(name)
+
+    def candidates(self, name):
+        """An asked name -> recorded names that may be within edits of it (a superset; see the contract)."""
+        found = set()
+        for text in _word_forms(name):
+            for key in _probes(text):
+                found.update(self.by_key.get(key, ()))
+        return found
 
 
 class PayeeIndex:
@@ -2307,23 +2532,24 @@ class PayeeIndex:
         self.snapshot = snapshot
         self.by_account = defaultdict(list)
         self.by_words = defaultdict(list)
-        by_name = defaultdict(list)
+        self.by_name = defaultdict(list)
         for fact in self.facts():
             self.by_account[fact.account].append(fact)
-            by_name[fact.name].append(fact)
-        for name, facts in by_name.items():   # name_words once a name
+            self.by_name[fact.name].append(fact)
+        self.close_names = CloseNames(())
+        for name, facts in self.by_name.items():       # name_words once a name, while it is in its cache
             self.by_words[_sorted_words(name)] += facts
+            self.close_names.add(name)
         count = snapshot.pack["records"]
-        digits = [_quote_digits(snapshot.record(i)) for i in range(count)]
+        records = [snapshot.record(i) for i in range(count)]
+        digits = [_quote_digits(record) for record in records]
         self.digits = "|".join(digits)        # a mention cannot run from one record into the next
         self.starts = array.array("L", accumulate((len(text) + 1 for text in digits), initial=0))
+        self.supersession = supersession(_supersedes_links(enumerate(records), snapshot.ids))
 
     def facts(self):
-        """Every payee fact of the snapshot, as a PayeeFact, in file order."""
-        snapshot = self.snapshot
-        for i, pairs in snapshot.payees:
-            for name, account in pairs:
-                yield PayeeFact(-snapshot.dates[i], snapshot.record_ids[i], i, name, account)
+        """Every payee fact of the snapshot (snapshot_payee_facts)."""
+        return snapshot_payee_facts(self.snapshot)
 
     def candidates(self, account):
         """A normalised account -> the records whose quotes may mention it: the digits of a mention are the
@@ -2359,21 +2585,76 @@ class PayeeIndex:
     def check(self, name, text):
         """One payee check -> the tool's result, without verification and notice."""
         account = check_account(text)
-        normalised = account["normalised"]
-        related = []
-        mentions = []
+        result = {"outcome": None, "reason": None, "records": [], "records_total": 0, "mentions": [],
+                  "mentions_total": 0, "account": account, "account_changed": None, "account_superseded": None}
         if account["format"] is None:
-            reason = "account_malformed"
+            result["reason"] = "account_malformed"
         elif account["problem"]:
-            reason = "account_invalid_checksum"
+            result["reason"] = "account_invalid_checksum"
         else:
-            facts = self.by_account.get(normalised, []) + self.by_words.get(_sorted_words(name), [])
-            reason, related = judge_payee(name, normalised, sorted(set(facts)))
-            mentions = self.mentions(normalised, {fact.index for _, fact in related})
-        records = [self.shown(how, fact, normalised) for how, fact in related[:MAX_MATCHES]]
-        return {"outcome": PAYEE_REASONS[reason], "reason": reason, "records": records,
-                "records_total": len(related), "mentions": mentions[:MAX_MATCHES], "mentions_total": len(mentions),
-                "account": account}
+            self.decide(name, account["normalised"], result)
+        result["outcome"] = PAYEE_REASONS[result["reason"]]
+        return result
+
+    def decide(self, name, account, result):
+        """Fill `result` for a well-formed account: judge_payee's reason and deciding records, the mentions,
+        and account_changed or account_superseded."""
+        decision = judge_payee(name, account, self.deciding(name, account), self.supersession)
+        related = decision.related
+        mentions = self.mentions(account, {fact.index for _, fact in related})
+        result["reason"] = decision.reason
+        result["records"] = [self.shown(how, fact, account) for how, fact in related[:MAX_MATCHES]]
+        result["records_total"] = len(related)
+        result["mentions"] = mentions[:MAX_MATCHES]
+        result["mentions_total"] = len(mentions)
+        if decision.reason in ("account_and_name_recorded", "name_close"):
+            result["account_changed"] = self.changed(decision, account)
+        if decision.reason == "account_superseded":
+            result["account_superseded"] = self.superseded(decision, account)
+
+    def deciding(self, name, account):
+        """The facts that may decide a check, newest first: those of the account, of the payee's words in any
+        order, and of the recorded names CloseNames finds (judge_payee keeps those names_match accepts)."""
+        facts = set(self.by_account.get(account, ()))
+        facts.update(self.by_words.get(_sorted_words(name), ()))
+        for recorded in self.close_names.candidates(name):
+            facts.update(self.by_name[recorded])
+        return sorted(facts)
+
+    def dated(self, fact):
+        """A fact -> its account, record ID and date_last_utc, as a result lists it."""
+        record = self.snapshot.record(fact.index)
+        return {"account": fact.account, "record_id": fact.record_id, "date_last_utc": record["date_last_utc"]}
+
+    def changed(self, decision, account):
+        """account_changed of a current account: the payee's earlier accounts (each with its newest record,
+        newest first) and when the current one was first recorded; None when the payee had no other account."""
+        current = {fact.account for fact in decision.current}
+        earlier = {}
+        for fact in decision.payee:
+            if fact.account not in current and fact.account not in earlier:
+                earlier[fact.account] = fact
+        if not earlier:
+            return None
+        recording = [fact for fact in decision.payee if fact.account == account]
+        since = self.dated(recording[-1])["date_last_utc"]      # the oldest record that gives it
+        newest = list(earlier.values())[:MAX_MATCHES]
+        shown = [self.dated(fact) for fact in newest]
+        return {"current_since_utc": since, "earlier": shown, "earlier_total": len(earlier)}
+
+    def superseded(self, decision, account):
+        """account_superseded of an earlier account: the current account(s), the records that superseded it and
+        the payee's records in doubt (on or below a cycle of supersedes)."""
+        by = set()
+        for fact in decision.payee:
+            if fact.account == account:
+                by.update(_superseders(fact, decision.payee, self.supersession))
+        in_doubt = self.supersession.in_doubt
+        doubt = {fact.record_id for fact in decision.payee if fact.index in in_doubt}
+        superseders = sorted(self.snapshot.record_ids[i] for i in by)
+        current = [self.dated(fact) for fact in decision.current[:MAX_MATCHES]]
+        return {"current": current, "superseded_by": superseders[:MAX_MATCHES],
+                "in_doubt": sorted(doubt)[:MAX_MATCHES]}
 
 
 class ToolServer:
@@ -2699,7 +2980,9 @@ def serve(snapshot, stdin, stdout, clock=time.time_ns):
 # ============================================================================
 
 MESSAGE_FIELDS = ("id", "date", "speaker", "text")
-INPUT_RECORD_FIELDS = ("record_id", "role", "topic", "category", "quotes", "statement", "speaker", "payee")
+INPUT_RECORD_FIELDS = ("record_id", "role", "topic", "category", "quotes", "statement", "speaker", "payee",
+                       "supersedes")
+MAX_SUPERSEDES = 64                   # record IDs in one record's supersedes
 REQUIRED_RECORD_FIELDS = INPUT_RECORD_FIELDS[:5]
 QUOTE_FIELDS = ("message_id", "quote", "start")
 REQUIRED_QUOTE_FIELDS = QUOTE_FIELDS[:2]
@@ -2884,7 +3167,21 @@ def build_record(obj, messages, file, line):
     if "payee" in obj:
         payee_facts(obj["payee"], quotes, line, file)
         record["payee"] = obj["payee"]
+    if "supersedes" in obj:
+        record["supersedes"] = _supersedes_field(obj["supersedes"], file, line)
     return record
+
+
+def _supersedes_field(value, file, line):
+    """An input record's "supersedes": one record ID, or a list of 1 to MAX_SUPERSEDES different ones -> the value
+    to keep; else PackError. An ID may name a record of an earlier pack, so it need not be in this one."""
+    items = value if type(value) is list else [value]
+    ids = [item for item in items if type(item) is str and RECORD_ID.fullmatch(item)]
+    distinct = len(set(ids))
+    if not items or distinct != len(items) or distinct > MAX_SUPERSEDES:
+        raise PackError("must be a record ID (M- followed by 1-127 letters, digits, _ or -) or a list of 1 to %d "
+                        "different ones" % MAX_SUPERSEDES, file, line, "supersedes")
+    return value
 
 
 def render_manifest(files):
@@ -3163,17 +3460,91 @@ def _signing_key(key):
     return blob, words[1]
 
 
-def _pack_dates(options, now):
-    """PACK.json's fields for a pack signed at `now` (seconds): format, dates and the optional --sequence."""
-    sequence = options.get("--sequence")
-    if sequence is not None and not re.fullmatch(r"[0-9]{1,18}", sequence):
+def _previous_sequence(previous):
+    """The sequence of the --previous pack's PACK.json, or None (no previous pack, no PACK.json or no sequence)."""
+    if previous is None or previous.pack_dates is None:
+        return None
+    return previous.pack_dates.sequence
+
+
+def _sequence(options, previous):
+    """--sequence, or after a --previous pack its sequence + 1 (1 when it has none) -> the sequence to write, or
+    None; PackError for one that is not above the previous pack's, which hosts would refuse as a rollback."""
+    given = options.get("--sequence")
+    last = _previous_sequence(previous)
+    if given is None:
+        if previous is None:
+            return None
+        return 1 if last is None else last + 1
+    if not re.fullmatch(r"[0-9]{1,18}", given):
         raise UsageError("--sequence must be a whole number, 0 or more")
+    sequence = int(given)
+    if last is not None and sequence <= last:
+        raise PackError("--sequence %d is not above the previous pack's sequence %d: hosts that raised "
+                        "--min-sequence to it would refuse the new pack as a rollback; nothing was written"
+                        % (sequence, last))
+    return sequence
+
+
+def _pack_dates(options, now, previous=None):
+    """PACK.json's fields for a pack signed at `now` (seconds): format, dates and the sequence (_sequence)."""
+    sequence = _sequence(options, previous)
     created = _utc_text(now)
     expires = parse_expires(options["--expires"], now)
     dates = {"format": PACK_FORMAT, "version": PACK_FORMAT_VERSION, "created_utc": created, "expires_utc": expires}
     if sequence is not None:
-        dates["sequence"] = int(sequence)
+        dates["sequence"] = sequence
     return dates
+
+
+def _accepted_payee_changes(options):
+    """--accept-payee-changes N -> N, or None when it is not given; UsageError for anything but a whole number or
+    without --previous, the pack the changes are counted against."""
+    accepted = options.get("--accept-payee-changes")
+    if accepted is None:
+        return None
+    if options.get("--previous") is None:
+        raise UsageError("--accept-payee-changes counts the payee changes since a --previous pack; give --previous")
+    if not re.fullmatch(r"[0-9]{1,9}", accepted):
+        raise UsageError("--accept-payee-changes must be a whole number, 0 or more, got %r" % accepted)
+    return int(accepted)
+
+
+def _previous_pack(options, signer):
+    """The --previous pack, verified (a signature by the signing key counts as "this key") -> its snapshot, or
+    None without --previous; PackError naming the flag."""
+    root = options.get("--previous")
+    if root is None:
+        return None
+    policy = TrustPolicy(trusted={signer: "this key"})
+    try:
+        return load_pack(root, policy, time.time_ns())
+    except PackError as e:
+        raise PackError("--previous %s: %s" % (root, e)) from None
+
+
+def _signing_head(dates, signer):
+    """PACK.json's dates about to be written and the signing key's fingerprint -> the new side's PackHead."""
+    pack_json = {"sequence": dates.get("sequence"), "created_utc": dates["created_utc"],
+                 "expires_utc": dates["expires_utc"]}
+    signature = signature_report("signing", signer, signer="this key")
+    return PackHead(pack_json, signature)
+
+
+def review_changes(previous, current, head, accepted):
+    """sign --previous: print what the pack about to be signed changes (as `diff` does), then refuse (PackError)
+    payee changes unless `accepted` is their number, so that a person has counted them."""
+    diff = compare_packs(previous, current, pack_head(previous), head)
+    write_out(diff_text(diff))
+    count = len(diff["payee_changes"])
+    if accepted == count or (accepted is None and count == 0):
+        return
+    if accepted is None:
+        raise PackError("the new pack makes %d payee change(s), listed above. Confirm each with the payee "
+                        "through a contact you already had (never one from the new records), then sign again "
+                        "with --accept-payee-changes %d; nothing was written" % (count, count))
+    raise PackError("--accept-payee-changes %d does not match the %d payee change(s) listed above; nothing was "
+                    "written" % (accepted, count))
 
 
 def _ssh_keygen_sign(key, manifest):
@@ -3196,18 +3567,27 @@ def _ssh_keygen_sign(key, manifest):
 
 def sign_command(options):
     """`sign`: copy a verified pack, date it, reseal SHA256SUMS, sign with ssh-keygen, verify strictly, publish."""
+    accepted = _accepted_payee_changes(options)
     key = os.path.abspath(options["--key"])
     key_blob, key_text = _signing_key(key)
+    signer = fingerprint(key_blob)
     now = int(time.time())
-    dates = _pack_dates(options, now)
+    previous = _previous_pack(options, signer)
+    dates = _pack_dates(options, now, previous)
     root = os.path.abspath(options["--pack"])
-    files, _ = read_pack(root)
-    verify_pack_files(files)                              # the input must verify before it is copied
+    files, state = read_pack(root)
+    pack = verify_pack_files(files)                       # the input must verify before it is copied
+    if previous is None:
+        print("verified-memory: note: sign --previous LAST_PACK would show what this pack changes since your last "
+              "one, payee accounts first, and default --sequence to the next number", file=sys.stderr)
+    else:
+        signature, _ = decide(pack, TrustPolicy(), now * 10**9)
+        current = PackSnapshot(root, state, pack, TrustPolicy(), signature)
+        review_changes(previous, current, _signing_head(dates, signer), accepted)
     signed = {name: files[name] for name in (RECORDS, MEMORY, README)}
     pack_json = json.dumps(dates, indent=2) + "\n"
     signed[PACK_JSON] = pack_json.encode()
     signed[MANIFEST] = render_manifest(signed)
-    signer = fingerprint(key_blob)
     policy = TrustPolicy(trusted={signer: "signer"}, strict=True)
 
     def finish(staging):
@@ -3224,6 +3604,387 @@ def sign_command(options):
     write_out("key fingerprint: %s\npin it on hosts: --trusted-fingerprint %s\n" % (signer, signer))
     write_out("trusted-keys line: %s ssh-ed25519 %s\n" % (name, key_text))
     return 0
+
+
+# ============================================================================
+# §9b Comparing two packs (pure): what a new pack changes, payee facts first
+# ============================================================================
+# `diff` and `sign --previous` show a person what a new pack changes before any host trusts it. One message
+# saying "our bank details have changed" is how invoice fraud starts, so a payee's accounts come first, and
+# `sign` seals a change of them only when the signer has counted it (--accept-payee-changes N).
+
+PackHead = namedtuple("PackHead", "pack_json signature")   # PACK.json's dates (a dict or None), the signature
+# one payee in one pack: {account: its facts, newest first}, and its current accounts (sorted)
+PayeeView = namedtuple("PayeeView", "accounts current")
+PAYEE_MARKS = {"added": "+", "removed": "-", "kept": "="}    # an account's mark in a payee change
+_ONE_LINE = json.JSONEncoder(ensure_ascii=False)               # a value in diff text: JSON on one line
+_PLAIN_SCALARS = (str, int, bool, type(None))                  # JSON scalars that == compares exactly by type
+
+
+class _Absent:
+    """The value of a field on the side of a change that lacks it."""
+
+    def __repr__(self):
+        return "(absent)"
+
+
+ABSENT = _Absent()
+
+
+def pack_head(snapshot):
+    """A snapshot -> its PackHead: PACK.json's sequence and dates (None without PACK.json) and its signature."""
+    dates = snapshot.pack_dates
+    pack_json = None
+    if dates is not None:
+        pack_json = {"sequence": dates.sequence, "created_utc": dates.created_utc, "expires_utc": dates.expires_utc}
+    return PackHead(pack_json, dict(snapshot.signature))
+
+
+def record_lines(snapshot):
+    """A snapshot -> {record_id: its line of records.jsonl, as bytes without the LF}, in file order."""
+    records = snapshot.records
+    starts = snapshot.offsets
+    lines = {}
+    for record_id, i in snapshot.ids.items():
+        end = starts[i + 1] - 1               # before the LF
+        lines[record_id] = records[starts[i]:end]
+    return lines
+
+
+def _in_both(first, second):
+    """Keys or items -> those of `first`, then those only in `second`, in order."""
+    extra = [key for key in second if key not in first]
+    return list(first) + extra
+
+
+def _same_value(old, new):
+    """Whether two JSON scalars are one value: the same type and equal, so 1, 1.0 and true differ, and floats
+    by their shortest text, so -0.0 is not 0.0. Objects and lists are never the same here: field_changes looks
+    inside them."""
+    kind = type(old)
+    if kind is not type(new) or kind in (dict, list):
+        return False
+    if kind is float:
+        return repr(old) == repr(new)
+    return old == new
+
+
+def _parts(old, new):
+    """Two objects, or two lists of one length -> [(key or index, old part, new part)], ABSENT for a key that one
+    side lacks; None for any other pair of values."""
+    if type(old) is dict and type(new) is dict:
+        if old.keys() == new.keys():
+            return [(key, value, new[key]) for key, value in old.items()]
+        keys = _in_both(old, new)
+        return [(key, old.get(key, ABSENT), new.get(key, ABSENT)) for key in keys]
+    lists = type(old) is list and type(new) is list
+    if not lists or len(old) != len(new):
+        return None
+    return list(zip(range(len(old)), old, new))
+
+
+def _place(path, key):
+    """Where a part lies: payee.account, evidence[0].quote..."""
+    if type(key) is int:
+        return "%s[%d]" % (path, key)
+    if path:
+        return path + "." + key
+    return key
+
+
+def field_changes(old, new, path=""):
+    """Two JSON values -> [{"field", "old", "new"}] where they differ: objects key by key and lists of the same
+    length item by item (`path` names the place, as payee.account or evidence[0].quote); ABSENT on the side
+    that lacks a key."""
+    parts = _parts(old, new)
+    if parts is None:
+        if _same_value(old, new):
+            return []
+        return [{"field": path, "old": old, "new": new}]
+    changes = []
+    for key, old_part, new_part in parts:
+        kind = type(old_part)
+        if kind in _PLAIN_SCALARS and kind is type(new_part) and old_part == new_part:
+            continue                          # the same string, integer, boolean or null: most parts
+        changes += field_changes(old_part, new_part, _place(path, key))
+    return changes
+
+
+def _parsed(lines):
+    """Lines of records.jsonl that the snapshot verified -> their records, parsed in one call: the same values
+    that the snapshot's record() gives for them, the bytes being verified already."""
+    return json.loads(b"[" + b",".join(lines) + b"]")
+
+
+def record_changes(old, new):
+    """Two snapshots -> {"added": [record], "removed": [record], "changed": [{"record_id", "fields"}]}, each in
+    its pack's file order. A record is changed when its value differs (field_changes), not merely its bytes."""
+    old_lines = record_lines(old)
+    new_lines = record_lines(new)
+    added = _parsed([line for record_id, line in new_lines.items() if record_id not in old_lines])
+    removed = _parsed([line for record_id, line in old_lines.items() if record_id not in new_lines])
+    differing = []                            # the same bytes are the same record
+    for record_id, line in new_lines.items():
+        if old_lines.get(record_id, line) != line:
+            differing.append(record_id)
+    befores = _parsed([old_lines[record_id] for record_id in differing])
+    afters = _parsed([new_lines[record_id] for record_id in differing])
+    changed = []
+    for record_id, before, after in zip(differing, befores, afters):
+        fields = field_changes(before, after)
+        if fields:
+            changed.append({"record_id": record_id, "fields": fields})
+    return {"added": added, "removed": removed, "changed": changed}
+
+
+def payee_key(name):
+    """A payee name -> what groups its facts in a diff: its name_words in sorted order (so case, accents, word
+    order, titles and legal forms do not split a payee), or the name itself when it has no such words."""
+    words = tuple(sorted(name_words(name)))
+    if words:
+        return words, ""
+    return (), " ".join(unicodedata.normalize("NFC", name).split())
+
+
+def payee_views(snapshot):
+    """A snapshot -> {payee_key: PayeeView}, the payee whose newest fact is newest first: each payee's accounts,
+    with the facts that record them (newest first), and its current account(s), decided among those facts as
+    check_payee decides (current_facts)."""
+    supersession = snapshot_supersession(snapshot)
+    groups = defaultdict(list)
+    for fact in snapshot_payee_facts(snapshot):
+        groups[payee_key(fact.name)].append(fact)
+    views = {}
+    for key, facts in groups.items():
+        accounts = defaultdict(list)
+        for fact in facts:
+            accounts[fact.account].append(fact)
+        current = {fact.account for fact in current_facts(facts, supersession)}
+        views[key] = PayeeView(dict(accounts), sorted(current))
+    return views
+
+
+def _account_records(snapshot, account, facts):
+    """An account and the facts that record it -> what a person checks of each: the record's ID, date and the
+    name it gives, and the quotes that carry the account."""
+    shown = []
+    for fact in facts:
+        record = snapshot.record(fact.index)
+        quotes = [citation["quote"] for citation in record["evidence"]]
+        carrying = [quote for quote in quotes if mentions_account(account, quote)]
+        entry = {"record_id": record["record_id"], "date_last_utc": record["date_last_utc"]}
+        shown.append(dict(entry, name=fact.name, quotes=carrying))
+    return shown
+
+
+def _account_entries(old, new, before, after):
+    """One payee's {account: facts} in the old and the new pack -> its accounts, each with its status (added,
+    removed or kept) and its records: the new pack's, or the old one's for a removed account."""
+    entries = []
+    for account in _in_both(before, after):
+        status = "kept"
+        records = None
+        if account not in after:
+            status = "removed"
+            records = _account_records(old, account, before[account])
+        elif account not in before:
+            status = "added"
+        if records is None:
+            records = _account_records(new, account, after[account])
+        entries.append({"account": account, "status": status, "records": records})
+    return entries
+
+
+def _change_kind(before, after):
+    """A payee's PayeeView in the old and the new pack (None where it is not named) -> added, removed, changed
+    (its accounts or its current ones differ), or None (no change)."""
+    if before is None:
+        return "added"
+    if after is None:
+        return "removed"
+    if set(before.accounts) != set(after.accounts) or before.current != after.current:
+        return "changed"
+    return None
+
+
+def _payee_name(accounts):
+    """A payee's account entries -> the name its first record in the new pack gives it (in the old pack, for a
+    payee the new pack no longer names)."""
+    for entry in accounts:
+        if entry["status"] != "removed":
+            return entry["records"][0]["name"]
+    return accounts[0]["records"][0]["name"]
+
+
+def _current_accounts(view):
+    """A payee's PayeeView, or None where the pack does not name it -> its current accounts."""
+    if view is None:
+        return []
+    return view.current
+
+
+def payee_changes(old, new):
+    """Two snapshots -> one entry per payee whose accounts, or current accounts, differ: {"payee", "change",
+    "current": {"old", "new"}, "accounts"}; the new pack's payees first, then those only in the old one."""
+    old_views = payee_views(old)
+    new_views = payee_views(new)
+    changes = []
+    for key in _in_both(new_views, old_views):
+        before = old_views.get(key)
+        after = new_views.get(key)
+        kind = _change_kind(before, after)
+        if kind is None:
+            continue
+        accounts = _account_entries(old, new, getattr(before, "accounts", {}), getattr(after, "accounts", {}))
+        current = {"old": _current_accounts(before), "new": _current_accounts(after)}
+        changes.append({"payee": _payee_name(accounts), "change": kind, "current": current, "accounts": accounts})
+    return changes
+
+
+def compare_packs(old, new, old_head, new_head):
+    """Two verified snapshots and their PackHeads -> the diff: payee_changes, records (record_changes),
+    pack_json and signer (old and new), and same_records. Payee facts can only differ when records do."""
+    records = {"added": [], "removed": [], "changed": []}
+    same = old.records == new.records
+    if not same:
+        records = record_changes(old, new)
+        same = not any(records.values())
+    payees = [] if same else payee_changes(old, new)
+    pack_json = {"old": old_head.pack_json, "new": new_head.pack_json}
+    signer = {"old": old_head.signature, "new": new_head.signature}
+    return {"old_pack": old.root, "new_pack": new.root, "same_records": same, "payee_changes": payees,
+            "records": records, "pack_json": pack_json, "signer": signer}
+
+
+def payee_table(snapshot):
+    """A snapshot -> its payee facts as a person checks them: [{"account", "status", "name", "record_id",
+    "date_last_utc"}], a payee's facts together (payee_views' order), newest first; status "current" for a
+    current account of the payee, else "earlier"."""
+    rows = []
+    for view in payee_views(snapshot).values():
+        facts = sorted(fact for facts in view.accounts.values() for fact in facts)
+        for fact in facts:
+            status = "current" if fact.account in view.current else "earlier"
+            row = {"account": fact.account, "status": status, "name": fact.name, "record_id": fact.record_id}
+            row["date_last_utc"] = snapshot.record(fact.index)["date_last_utc"]
+            rows.append(row)
+    return rows
+
+
+def _quoted_json(value):
+    """A value as a person reads it in a diff: JSON, on one line."""
+    return _ONE_LINE.encode(value)
+
+
+def _quoted_fields(record, *keys):
+    """{key: the record's value as one-line JSON} for `keys`."""
+    return {key: _quoted_json(record[key]) for key in keys}
+
+
+def _payee_lines(change):
+    """One payee change -> its lines of diff text: the payee, then each account (+ added, - removed, = kept)
+    with the records and quotes that carry it."""
+    lines = ["  %s: account %s" % (_quoted_json(change["payee"]), change["change"])]
+    current = change["current"]
+    lines.append("    current: %s -> %s" % (" ".join(current["old"]) or "none", " ".join(current["new"]) or "none"))
+    for entry in change["accounts"]:
+        mark = PAYEE_MARKS[entry["status"]]
+        lines.append("    %s %s (%s)" % (mark, entry["account"], entry["status"]))
+        for record in entry["records"]:
+            name = _quoted_json(record["name"])
+            lines.append("        %(record_id)s, %(date_last_utc)s" % record + ", as " + name)
+            lines += ["          quote: " + _quoted_json(quote) for quote in record["quotes"]]
+    return lines
+
+
+def _record_text(record, mark):
+    """An added (+) or removed (-) record -> its lines of diff text: ID, date, speaker, topic, statement, quotes."""
+    quoted = _quoted_fields(record, "speaker", "topic", "statement")
+    head = "  %s %s  %s" % (mark, record["record_id"], record["date_last_utc"])
+    lines = [head + ", %(speaker)s, topic %(topic)s" % quoted, "      statement: %(statement)s" % quoted]
+    for citation in record["evidence"]:
+        quote = _quoted_json(citation["quote"])
+        lines.append("      quote (message %d): %s" % (citation["message_id"], quote))
+    return lines
+
+
+def _field_text(value):
+    """A field's value on one side of a change, for a person."""
+    if value is ABSENT:
+        return repr(ABSENT)
+    return _quoted_json(value)
+
+
+def _change_text(change):
+    """A changed record -> its lines of diff text: its ID, then each field that changed, old -> new."""
+    lines = ["  ~ " + change["record_id"]]
+    for field in change["fields"]:
+        old_value = _field_text(field["old"])
+        new_value = _field_text(field["new"])
+        lines.append("      %s: %s -> %s" % (field["field"], old_value, new_value))
+    return lines
+
+
+def _head_text(head):
+    """PACK.json's part of a PackHead -> one line of text."""
+    if head is None:
+        return "no PACK.json"
+    shown = dict(head)
+    if shown["sequence"] is None:
+        shown["sequence"] = "none"
+    return "sequence %(sequence)s, created %(created_utc)s, expires %(expires_utc)s" % shown
+
+
+def _signer_text(signature):
+    """A signature report -> one line of text: its status, fingerprint and the host's name for the key."""
+    parts = [signature["status"]]
+    if signature.get("fingerprint"):
+        parts.append(signature["fingerprint"])
+    if signature.get("signer"):
+        parts.append("as " + _quoted_json(signature["signer"]))
+    return " ".join(parts)
+
+
+def _sides_text(label, sides, describe):
+    """A line "label: old -> new" of the diff, each side described by `describe`."""
+    old = describe(sides["old"])
+    new = describe(sides["new"])
+    return "%s: %s -> %s" % (label, old, new)
+
+
+def diff_text(diff):
+    """compare_packs' result -> the text a person reads: counts, payee changes, records, PACK.json, signer."""
+    records = diff["records"]
+    payees = diff["payee_changes"]
+    lines = ["old pack: %(old_pack)s" % diff, "new pack: %(new_pack)s" % diff, "payee changes: %d" % len(payees)]
+    for change in payees:
+        lines += _payee_lines(change)
+    counts = {kind: len(found) for kind, found in records.items()}
+    lines.append("records: %(added)d added, %(removed)d removed, %(changed)d changed" % counts)
+    for record in records["added"]:
+        lines += _record_text(record, "+")
+    for record in records["removed"]:
+        lines += _record_text(record, "-")
+    for change in records["changed"]:
+        lines += _change_text(change)
+    lines.append(_sides_text("PACK.json", diff["pack_json"], _head_text))
+    lines.append(_sides_text("signer", diff["signer"], _signer_text))
+    return "\n".join(lines) + "\n"
+
+
+def diff_json(diff):
+    """compare_packs' result -> the object `diff --json` prints: ABSENT fields left out of their change."""
+    changed = []
+    for change in diff["records"]["changed"]:
+        fields = [_present(field) for field in change["fields"]]
+        changed.append(dict(change, fields=fields))
+    records = dict(diff["records"], changed=changed)
+    return dict(diff, records=records)
+
+
+def _present(field):
+    """A field change without the side that is ABSENT."""
+    return {key: value for key, value in field.items() if value is not ABSENT}
 
 
 # ============================================================================
@@ -3781,6 +4542,11 @@ def json_shape(items):
 def check_report(root, policy):
     """What `check` prints for the pack at `root` under `policy`; raises PackError. Writes nothing."""
     snapshot = load_pack(root, policy, time.time_ns())          # two readings of the clock, as `check` takes
+    return snapshot_report(snapshot)
+
+
+def snapshot_report(snapshot):
+    """What `check` prints for a loaded snapshot: its folder and verification, freshness judged now."""
     return {"pack": snapshot.root, "verification": snapshot.verification(time.time_ns())}
 
 
@@ -3887,7 +4653,8 @@ class PackMaker:
         return {"jsonl": data.decode("utf-8")}
 
     def api_build(self, request):
-        """The builder on all messages, published to --out as `build` does -> the check report."""
+        """The builder on all messages, published to --out as `build` does -> the check report, and the pack's payee
+    facts (payee_table) under "payees"."""
         data = self.api_records(request)["jsonl"].encode("utf-8")
         title = request.get("title")
         description = request.get("description", "")
@@ -3896,7 +4663,10 @@ class PackMaker:
         messages = messages_jsonl(enumerate(self.export.messages, 1))
         files = build_pack_files(messages, data, title, description, MAKER_INPUTS)
         publish_pack(files, self.out, _verify_staged)
-        return check_report(self.out, TrustPolicy())
+        snapshot = load_pack(self.out, TrustPolicy(), time.time_ns())
+        report = snapshot_report(snapshot)
+        report["payees"] = payee_table(snapshot)        # the build panel shows them first
+        return report
 
     def api_check(self, request):
         """`check` on a pack folder, trusting the pasted allowed_signers lines and pinning the SHA256: lines."""
@@ -3975,6 +4745,9 @@ MAKER_HTML = """<!doctype html>
         <input id="payee-name" autocomplete="off">
         <label for="payee-account">Payee account (IBAN, ABA routing number or other)</label>
         <input id="payee-account" autocomplete="off" spellcheck="false">
+        <label for="supersedes">Supersedes (optional): IDs of the records this one replaces, such as an old
+          account's, separated by spaces</label>
+        <input id="supersedes" autocomplete="off" spellcheck="false">
       </fieldset>
       <h3>Quotes</h3>
       <ul id="quotes" class="quotes"></ul>
@@ -3994,6 +4767,17 @@ MAKER_HTML = """<!doctype html>
     <input id="description">
     <button id="build" type="button">Build pack</button>
     <button id="download" type="button">Download records</button>
+    <div id="payees-panel" hidden>
+      <h3 id="payees-heading">Payee accounts in the built pack</h3>
+      <p class="hint">Check each account against a contact you already had before anyone is paid from this pack.
+        A payee's current account is the one its newest record gives (see supersedes); check_payee answers
+        no_match for an earlier one.</p>
+      <table id="payees" aria-labelledby="payees-heading">
+        <thead><tr><th scope="col">Account</th><th scope="col">Status</th><th scope="col">Payee</th>
+          <th scope="col">Record</th><th scope="col">Date</th></tr></thead>
+        <tbody></tbody>
+      </table>
+    </div>
     <pre id="build-report" role="status" aria-live="polite"></pre>
   </section>
   <section id="check" aria-labelledby="check-heading">
@@ -4038,6 +4822,9 @@ button { font: inherit; margin: .25rem .25rem .25rem 0; }
 :focus-visible { outline: 3px solid #2f6fdf; outline-offset: 1px; }
 .quotes li, .records li { margin: .25rem 0; }
 pre { white-space: pre-wrap; word-break: break-word; }
+table { border-collapse: collapse; margin: .25rem 0 .75rem; }
+th, td { text-align: left; padding: .2rem .6rem .2rem 0; border-bottom: 1px solid #8883; vertical-align: top; }
+td.account { font-family: ui-monospace, monospace; white-space: nowrap; }
 .error { color: #c0182a; }
 @media (max-width: 64rem) {
   main { grid-template-columns: 1fr; grid-template-areas: "browse" "reader" "record" "pack" "check"; }
@@ -4153,7 +4940,9 @@ function nextRecordId() {
 }
 
 function clearForm() {
-  for (const id of ["topic", "category", "speaker", "statement", "payee-name", "payee-account"]) $(id).value = "";
+  for (const id of ["topic", "category", "speaker", "statement", "payee-name", "payee-account", "supersedes"]) {
+    $(id).value = "";
+  }
   $("record-id").value = nextRecordId();
   state.quotes = [];
   state.otherPayees = [];
@@ -4170,6 +4959,7 @@ function editRecord(index) {
   $("payee-name").value = payees.length ? payees[0].name : "";
   $("payee-account").value = payees.length ? payees[0].account : "";
   state.otherPayees = payees.slice(1);
+  $("supersedes").value = record.supersedes === undefined ? "" : [].concat(record.supersedes).join(" ");
   state.quotes = record.quotes.map((quote) => Object.assign({}, quote));
   state.editing = index;
   renderQuotes();
@@ -4252,6 +5042,21 @@ async function run(reportId, action) {
   }
 }
 
+// The built pack's payee facts, one row each, the account first: what a person checks before anyone pays.
+function renderPayees(rows) {
+  const body = document.querySelector("#payees tbody");
+  body.replaceChildren();
+  for (const row of rows) {
+    const texts = [row.account, row.status, row.name, row.record_id, row.date_last_utc];
+    const cells = texts.map((text) => element("td", text));
+    cells[0].className = "account";
+    const line = element("tr");
+    line.append(...cells);
+    body.append(line);
+  }
+  $("payees-panel").hidden = !rows.length;
+}
+
 function reportText(report) {
   const {pack, signature, freshness} = report.verification;
   return "Verified " + report.pack + ": " + pack.records + " records\nsignature: " + signature.status +
@@ -4307,6 +5112,8 @@ $("record-form").addEventListener("submit", async (event) => {
   }
   const payees = (payee.name ? [payee] : []).concat(state.otherPayees);
   if (payees.length) record.payee = payees.length === 1 ? payees[0] : payees;
+  const replaced = $("supersedes").value.split(/[\s,]+/).filter(Boolean);
+  if (replaced.length) record.supersedes = replaced.length === 1 ? replaced[0] : replaced;
   const records = state.records.slice();
   records.splice(state.editing < 0 ? records.length : state.editing, state.editing < 0 ? 0 : 1, record);
   try {
@@ -4319,9 +5126,14 @@ $("record-form").addEventListener("submit", async (event) => {
   clearForm();
   show("record-status", "Saved " + record.record_id + ".");
 });
-$("build").addEventListener("click", () => run("build-report", async () => reportText(await api("build", {
-  title: $("title").value, description: $("description").value, records: state.records})) +
-  "\n\nNext: sign it with verified_memory.py sign (see the README)."));
+$("build").addEventListener("click", () => run("build-report", async () => {
+  $("payees-panel").hidden = true;
+  const report = await api("build", {title: $("title").value, description: $("description").value,
+                                     records: state.records});
+  renderPayees(report.payees);
+  delete report.payees;
+  return reportText(report) + "\n\nNext: sign it with verified_memory.py sign (see the README).";
+}));
 $("download").addEventListener("click", () => run("build-report", async () => {
   const reply = await api("records", {records: state.records});
   const file = new Blob([reply.jsonl], {type: "application/x-ndjson"});
@@ -4893,7 +5705,7 @@ def dist_command(options):
 
 USAGE = "Usage:\n" + __doc__.split("\n\n")[2] + """
 
-Trust flags (serve, check, search, get, check-payee), also as --flag=value:
+Trust flags (serve, check, search, get, check-payee, diff), also as --flag=value:
   --trusted-keys FILE            lines `name ssh-ed25519 AAAA... [comment]`: whose signatures count
   --trusted-fingerprint SHA256:..  pin the signer (repeat, or separate with commas); implies a signature
   --revoked-keys FILE            fingerprints never to accept, one per line
@@ -4904,7 +5716,7 @@ Trust flags (serve, check, search, get, check-payee), also as --flag=value:
                                  `on` refuses to start without Linux Landlock, `off` is for debugging)
 An empty value, or one starting with ${, turns a setting off (--sandbox: auto). Paths must be plain (no
 trailing separator, '.' or '..'); the trust flags' and the server's --pack must also be absolute, while
-build, sign, dist, import, export-shape and maker take paths relative to the working folder too. Every
+build, sign, diff, dist, import, export-shape and maker take paths relative to the working folder too. Every
 other argument must be UTF-8 text.
 Without --pack, a checkout serves the examples/pack folder beside this file.
 help or --help shows this text; --version the version."""
@@ -4919,7 +5731,9 @@ SERVE_FLAGS = dict(TRUST_FLAGS, **{"--pack": "path", "--sandbox": "text"})
 CHECK_PAYEE_FLAGS = dict(SERVE_FLAGS, **{"--payee": "text", "--account": "text"})
 UNSETTABLE = set(TRUST_FLAGS) | {"--sandbox"}   # an empty or ${...} value turns these off; any other is refused
 BUILD_FLAGS = {"--messages": "file", "--records": "file", "--out": "file", "--title": "text", "--description": "text"}
-SIGN_FLAGS = {"--pack": "file", "--key": "file", "--expires": "text", "--sequence": "text", "--out": "file"}
+SIGN_FLAGS = {"--pack": "file", "--key": "file", "--expires": "text", "--sequence": "text", "--out": "file",
+              "--previous": "file", "--accept-payee-changes": "text"}
+DIFF_FLAGS = dict(TRUST_FLAGS, **{"--old": "file", "--new": "file", "--json": "bool"})
 DIST_FLAGS = {"--out": "file", "--registry-name": "text", "--release-url": "text", "--pypi-name": "text"}
 IMPORT_FLAGS = {"--export": "file", "--out": "file"}
 MAKER_FLAGS = {"--export": "file", "--out": "file", "--records": "file", "--port": "text"}
@@ -4929,12 +5743,84 @@ COMMANDS = {"serve": (SERVE_FLAGS, {}, ()), "check": (SERVE_FLAGS, {}, ()),
             "check-payee": (CHECK_PAYEE_FLAGS, {}, ("--payee", "--account")),
             "build": (BUILD_FLAGS, {}, ("--messages", "--records", "--out", "--title")),
             "sign": (SIGN_FLAGS, {}, ("--pack", "--key", "--expires", "--out")),
+            "diff": (DIFF_FLAGS, {}, ("--old", "--new")),
             "dist": (DIST_FLAGS, {}, ("--out",)),
             "import": (IMPORT_FLAGS, {}, ("--export", "--out")),
             "export-shape": ({}, {"FILE": "file"}, ()),
             "maker": (MAKER_FLAGS, {}, ("--export", "--out")),
             "help": ({}, {}, ())}
 HELP_FLAGS = {"--help": "help", "-h": "help", "--version": "version"}
+# check-payee --help: each reason the payee check answers with -> what it means and what an agent does then
+PAYEE_REASON_HELP = {
+    "account_and_name_recorded": "the account is the payee's current one and a current record pairs it with exactly "
+                                 "this name: proceed; with account_changed, first confirm it with the payee "
+                                 "through a contact from an earlier record",
+    "name_close": "the account is the payee's current one, recorded for a name that differs only harmlessly (case, "
+                  "accents, punctuation, word order, titles, legal form, 1-2 typing errors): confirm the recorded "
+                  "name with the person",
+    "account_superseded": "an earlier account of this payee, superseded by a newer record or by a record's "
+                          "supersedes: stop and ask the person; account_superseded gives the current one",
+    "account_recorded_for_other_payee": "the account is recorded for someone else: stop and ask the person",
+    "payee_recorded_with_other_account": "this payee is recorded only with other accounts: stop and ask the person",
+    "account_malformed": "not an account: stop and ask the person",
+    "account_invalid_checksum": "fails its IBAN or ABA check: stop and ask the person",
+    "not_in_memory": "memory holds neither the account nor the payee: stop and ask the person",
+}
+CHECK_PAYEE_RULES = """\
+Usage: verified_memory.py check-payee --pack /abs/pack [trust flags] --payee NAME --account ACCOUNT
+
+Before a payment: does the verified pack pair ACCOUNT with NAME? Prints what the verified_memory_check_payee
+tool returns (JSON). Exit status: 0 only on match; 1 on any other outcome or a refusal; 2 on a usage error.
+Trust flags as for serve (see --help without a command); pin the signer and use --strict before paying.
+
+Rules, in order; the first that applies decides:
+  1. ACCOUNT without spaces and hyphens, letters upper-cased, must be 4 to 34 ASCII letters and digits with
+     at least one digit; else account_malformed.
+  2. An IBAN (two letters, two digits, 11 to 30 more) must pass ISO 13616: a registry country, its length and
+     BBAN format, check digits 02-98, mod 97 = 1; nine digits must pass the ABA checksum (weights 3, 7, 1);
+     else account_invalid_checksum.
+  3. The payee's records are those whose payee name is NAME exactly (equal after NFC and collapsing white
+     space) or closely: the same words in any order once case, accents, punctuation, titles and legal forms
+     are set aside, or 1 edit apart from 5 characters and 2 from 13.
+  4. A record listed in another record's supersedes (a record ID or a list of them) is superseded, whatever
+     its date. An ID that names no record of this pack is ignored. A cycle of supersedes puts the records on
+     it, and those they supersede, in doubt.
+  5. The payee's current account(s) are those of its newest record (date_last_utc) that nothing
+     supersedes; on a tie, all the tied ones. None while a record in doubt is newer.
+  6. ACCOUNT is current and a current record pairs it with exactly NAME: account_and_name_recorded; with
+     only a close name: name_close. Either adds account_changed when the payee had other accounts before:
+     confirm with the payee through a contact from an earlier record before paying.
+  7. Else ACCOUNT is an earlier account of the payee: account_superseded (with the current account(s) and
+     the record that superseded it).
+  8. Else ACCOUNT is recorded for another name: account_recorded_for_other_payee.
+  9. Else the payee is recorded with other accounts: payee_recorded_with_other_account.
+ 10. Else: not_in_memory.
+Only an exact name in a current record can give match; nothing fuzzy ever does.
+
+Outcomes and reasons:
+"""
+DIFF_HELP = """\
+Usage: verified_memory.py diff --old PACK --new PACK [trust flags] [--json]
+
+What the new pack changes: payee facts first (each payee whose accounts differ: added, changed or removed,
+with the records and quotes that carry each account), then records added, removed and changed (field by
+field), then PACK.json (sequence, dates) and the signer. Both packs are verified as the server would, under
+the same trust flags. Plain text by default; --json prints the same as one JSON object.
+Exit status: 0 when the packs hold the same records, 1 when they differ, 2 on a usage error or a pack that
+does not verify.
+"""
+SIGN_HELP = """\
+Usage: verified_memory.py sign --pack DIR --key KEY --expires 90d|TIME [--sequence N] --out DIR
+                               [--previous LAST_PACK [--accept-payee-changes N]]
+
+Copies the verified pack DIR to the new folder --out, writes PACK.json (dates, sequence), reseals SHA256SUMS
+and signs it with ssh-keygen -Y sign; then verifies the result strictly, trusting only KEY.pub. --expires is
+1d to 1825d or a UTC time. Nothing is written on any refusal.
+--previous LAST_PACK verifies the pack you published last, prints what DIR changes from it (as diff does),
+defaults --sequence to its sequence + 1 (1 when it has none) and refuses a lower or equal one. It refuses to
+sign payee changes (a payee's accounts added, changed or removed) unless --accept-payee-changes N gives
+their number: confirm each with the payee through a contact you already had, never one the new records give.
+"""
 PACKAGING_COMMANDS = {"build": build_command, "sign": sign_command, "dist": dist_command}
 TOOL_COMMANDS = {"search": "verified_memory_search", "get": "verified_memory_get",
                  "check-payee": "verified_memory_check_payee"}
@@ -5092,7 +5978,7 @@ def parse_args(argv):
         if word == "--":
             positional.extend(rest)
         elif word in HELP_FLAGS:
-            return HELP_FLAGS[word], {}, []
+            return HELP_FLAGS[word], {}, [command]
         elif word.startswith("-") and word != "-":
             name, value = _flag_value(word, rest, flags, command)
             _set_option(options, name, value, flags[name])
@@ -5109,6 +5995,26 @@ def parse_args(argv):
     kinds = list(wanted.values())
     checked = [_checked_argument(value, name, kind) for value, name, kind in zip(positional, wanted, kinds)]
     return command, options, checked
+
+
+def payee_rules():
+    """check-payee --help: its usage and rules, then every reason with its outcome and meaning."""
+    import textwrap                           # dev-time: help text only
+    lines = [CHECK_PAYEE_RULES.rstrip("\n")]
+    for reason, outcome in PAYEE_REASONS.items():
+        lines.append("  %s / %s" % (outcome, reason))
+        lines += textwrap.wrap(PAYEE_REASON_HELP[reason], 112, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
+def help_text(command, asked):
+    """`help` or `version`, and the command that --help came with ([] for none) -> the text to print."""
+    if command == "version":
+        return "verified_memory.py %s" % VERSION
+    topic = asked[0] if asked else "help"
+    if topic == "check-payee":
+        return payee_rules()
+    return {"diff": DIFF_HELP, "sign": SIGN_HELP}.get(topic, USAGE).rstrip("\n")
 
 
 def _host_file(path, flag):
@@ -5224,6 +6130,47 @@ def tool_command(snapshot, command, options, positional):
     return 0 if delivered and matched else 1
 
 
+def _diff_side(options, flag, policy, now_ns):
+    """The pack that --old or --new names, verified as the server would under `policy` -> its snapshot; PackError
+    naming the flag."""
+    root = options[flag]
+    try:
+        return load_pack(root, policy, now_ns)
+    except PackError as e:
+        raise PackError("%s %s: %s" % (flag, root, e)) from None
+
+
+def _print_diff(diff, as_json):
+    """Print a diff as text, or as JSON (`as_json`) -> True, or False when standard output was closed."""
+    if as_json:
+        return _print_json(diff_json(diff))
+    try:
+        write_out(diff_text(diff))
+    except BrokenPipeError:
+        print(OUTPUT_LOST, file=sys.stderr)
+        return False
+    return True
+
+
+def diff_command(options):
+    """`diff`: what the --new pack changes from the --old one, both verified under the trust flags -> 0 when they
+    hold the same records, 1 when they differ, 2 when a pack is refused or the output is lost."""
+    try:
+        policy = policy_from_options(options)
+        now_ns = time.time_ns()
+        old = _diff_side(options, "--old", policy, now_ns)
+        new = _diff_side(options, "--new", policy, now_ns)
+    except PackError as e:
+        print("verified-memory: refused: %s" % e, file=sys.stderr)
+        return 2
+    diff = compare_packs(old, new, pack_head(old), pack_head(new))
+    if not _print_diff(diff, options.get("--json") == "true"):
+        return 2
+    if diff["same_records"]:
+        return 0
+    return 1
+
+
 def serve_command(snapshot, hint):
     """The MCP server on stdin and stdout until the client leaves -> exit status."""
     # While the index builds, a request waits for the index thread to let go of the interpreter after each of its
@@ -5242,8 +6189,10 @@ def main(argv=None):
     try:
         command, options, positional = parse_args(sys.argv[1:] if argv is None else argv)
         if command in ("help", "version"):
-            write_out((USAGE if command == "help" else "verified_memory.py %s" % VERSION) + "\n")
+            write_out(help_text(command, positional) + "\n")
             return 0
+        if command == "diff":
+            return diff_command(options)
         if command in PACKAGING_COMMANDS:
             return PACKAGING_COMMANDS[command](options)
         if command in EXPORT_COMMANDS:
