@@ -1857,6 +1857,22 @@ class TestReplyEncoding(TempDirCase):
                 fields = {field: record[field] for field in vm.RECORD_FIELDS}
                 self.assertEqual(match, dict(fields, occurrences=match["occurrences"]))
 
+    def test_a_served_record_is_the_strict_parse_of_its_line(self):
+        # record() reads a line with json.loads: the value strict_json_loads gave when the pack was verified,
+        # with the same types and key order, and a fresh copy at every call
+        pack = self.copy_pack()
+        lines = read(os.path.join(pack, "records.jsonl")).decode().splitlines() + self.variants()
+        numbers = r'"provenance":{"n":[1,-0,1.0,2.5e-3,1E+2,-1e-7,100000000000000000000,true,false,null,"\ud83c\udf31"]},'
+        lines.append(lines[0].replace('"M-garden-1",', '"M-n",' + numbers, 1))
+        write(os.path.join(pack, "records.jsonl"), "".join(line + "\n" for line in lines))
+        reseal(pack)
+        snapshot = self.load(pack)
+        for i, line in enumerate(lines):
+            served = snapshot.record(i)
+            strict = vm.strict_json_loads(line)
+            self.assertEqual((served, compact(served), list(served)), (strict, compact(strict), list(strict)), line)
+        self.assertIsNot(snapshot.record(0)["evidence"], snapshot.record(0)["evidence"])
+
     def test_replies_are_the_compact_json_of_their_objects(self):
         pack = self.copy_pack()
         lines = read(os.path.join(pack, "records.jsonl")).decode().splitlines()
@@ -1885,9 +1901,29 @@ class TestReplyEncoding(TempDirCase):
                         payload = json.loads(result["content"][0]["text"])
                         self.assertEqual(result["content"][0]["text"].encode(), compact(payload))
                         self.assertEqual(result.get("structuredContent", payload), payload)
-                        self.assertEqual(list(result), ["content", "isError"] + ["structuredContent"] * (
-                            version >= "2025-06-18") + ["resultType"] * (version == vm.MODERN_VERSION))
+                        self.assertEqual(list(result), ["content", "isError"] + ["resultType"] * (
+                            version == vm.MODERN_VERSION) + ["structuredContent"] * (version >= "2025-06-18"))
                         self.assertEqual(list(payload)[-2:], ["verification", "notice"])
+
+    def test_a_structured_result_is_written_from_its_text_once(self):
+        # _reply_json writes structuredContent as the text content (its compact JSON) instead of encoding it
+        # again: the line is the compact JSON of the reply with structuredContent last, whatever the reply holds
+        payload = {"matches": [{"quote": self.TEXT, "n": -0.5, "ok": None}], "matched": 1, "notice": "\u2028}"}
+        for request_id in (1, "x\"}]", None):
+            for extra in ({}, {"resultType": "complete"}, {"resultType": "complete", "ttlMs": 5}):
+                result = dict(vm._tool_result(payload, True), **extra)
+                reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
+                line = vm.encode_reply(reply)
+                self.assertEqual(json.loads(line), reply)
+                moved = dict({key: value for key, value in result.items() if key != "structuredContent"},
+                             structuredContent=payload)
+                self.assertEqual(line, compact(dict(reply, result=moved)) + b"\n")
+                self.assertEqual(vm.encode_reply([reply, reply]), b"[%s,%s]\n" % (line[:-1], line[:-1]))
+        unstructured = {"jsonrpc": "2.0", "id": 2, "result": vm._tool_result(payload, False)}
+        failed = {"jsonrpc": "2.0", "id": 3, "result": {"content": [{"type": "text", "text": "x"}], "isError": True}}
+        for reply in (unstructured, failed, vm._error(4, -32602, "Invalid params"), {"jsonrpc": "2.0", "id": 5,
+                                                                                       "result": {}}):
+            self.assertEqual(vm.encode_reply(reply), compact(reply) + b"\n")
 
 
 # ---------------------------------------------------------------------------

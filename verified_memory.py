@@ -1621,6 +1621,15 @@ def disk_state(root):
     return root_identity, tuple(entries)
 
 
+def read_record(records, offsets, i):
+    """records.jsonl's verified bytes, where each line starts (and the next would), and a record's index ->
+    its value, a fresh copy. parse_records parsed these very bytes with strict_json_loads and check_record
+    judged that value; json.loads gives the same value from text that strict_json_loads accepted."""
+    start = offsets[i]
+    end = offsets[i + 1] - 1                  # before the line's LF
+    return json.loads(records[start:end])
+
+
 class PackSnapshot:
     """A verified pack frozen in memory: records.jsonl's verified bytes, where each record's line starts, the
     records' IDs, dates and payee facts, the search index over them, and what the per-call checks need
@@ -1643,11 +1652,8 @@ class PackSnapshot:
         self.index = SearchIndex(self.records, self.offsets, parsed.dates, parsed.ids)
 
     def record(self, i):
-        """Record i (0-based, file order) -> a fresh copy, parsed from the verified bytes by the same
-        function that verified them."""
-        start = self.offsets[i]
-        end = self.offsets[i + 1] - 1         # before the line's LF
-        return parse_record_line(self.records[start:end], i + 1)
+        """Record i (0-based, file order) -> a fresh copy, read from the verified bytes (read_record)."""
+        return read_record(self.records, self.offsets, i)
 
     def verification(self, now_ns):
         """The verification object of a result, with freshness judged at `now_ns`."""
@@ -2043,10 +2049,8 @@ class SearchIndex:
             self.ready.set()
 
     def _record(self, i):
-        """Record i, read from the verified bytes (json.loads gives the value strict_json_loads checked)."""
-        start = self._offsets[i]
-        end = self._offsets[i + 1]
-        return json.loads(self._records[start:end])
+        """Record i, read from the verified bytes (read_record)."""
+        return read_record(self._records, self._offsets, i)
 
     def _index_records(self):
         """Fill postings and dense from the records' search texts."""
@@ -2457,9 +2461,36 @@ class ToolServer:
         return self.payees.check(payee, account), None
 
 
+def _tool_result(payload, structured):
+    """A tool's result object -> the tools/call result: its JSON text, and the object itself as
+    structuredContent from protocol 2025-06-18 (`structured`)."""
+    result = {"content": [{"type": "text", "text": _compact_json(payload)}], "isError": False}
+    if structured:
+        result["structuredContent"] = payload
+    return result
+
+
 def encode_reply(reply):
     """A reply object or a batch of them -> one line: its compact UTF-8 JSON and a newline."""
-    return _compact_json(reply).encode("utf-8") + b"\n"
+    if isinstance(reply, list):
+        text = "[%s]" % ",".join(map(_reply_json, reply))
+    else:
+        text = _reply_json(reply)
+    return text.encode("utf-8") + b"\n"
+
+
+def _reply_json(reply):
+    """A reply object -> its compact JSON text. A tool result's structuredContent is written as the text of
+    its content, which is already its compact JSON (_tool_result), instead of being encoded again; it is put
+    last in the result, itself put last in the reply, so that it goes right before their closing braces."""
+    result = reply.get("result")
+    if not isinstance(result, dict) or "structuredContent" not in result:
+        return _compact_json(reply)
+    outer = {key: value for key, value in reply.items() if key != "result"}
+    outer["result"] = {key: value for key, value in result.items() if key != "structuredContent"}
+    head = _compact_json(outer)
+    structured = result["content"][0]["text"]
+    return '%s,"structuredContent":%s}}' % (head[:-2], structured)
 
 
 class RpcError(Exception):
@@ -2478,15 +2509,6 @@ def _error(request_id, code, message, data=None):
     if data is not None:
         error["data"] = data
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
-
-
-def _tool_result(payload, structured):
-    """A tool's result object -> the tools/call result: its JSON text, and the object itself as
-    structuredContent from protocol 2025-06-18 (`structured`)."""
-    result = {"content": [{"type": "text", "text": _compact_json(payload)}], "isError": False}
-    if structured:
-        result["structuredContent"] = payload
-    return result
 
 
 def _message_error(message):
