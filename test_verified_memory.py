@@ -1693,6 +1693,9 @@ class TestSearchIndexPaths(SearchCase):
         self.assertEqual(vm.scan(records, [0, 1, 0, 1], ["M-0", "M-1", "M-2", "M-3"], [b"x"], 2),
                          (4, [(2, 3), (0, 2)]))
         self.assertEqual(vm.scan(records, [0, 1, 0, 1], ["M-0", "M-1", "M-2", "M-3"], [b"z"]), (0, []))
+        parts = [text_record("within thin"), text_record("in tin in"), text_record("tin")]   # "in" inside words
+        self.assertEqual(vm.scan(parts, [0, 0, 0], ["M-0", "M-1", "M-2"], [b"in"]), (1, [(1, 2)]))
+        self.assertEqual(vm.scan(parts, [0, 0, 0], ["M-0", "M-1", "M-2"], [b"tin", b"in"]), (1, [(1, 3)]))
 
 
 class TestSearchWords(unittest.TestCase):

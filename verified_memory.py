@@ -1947,9 +1947,15 @@ def record_words(record):
 
 def occurrences(record, words):
     """A record and distinct UTF-8 words -> how many times each is one of the record's words (record_words),
-    in the order given."""
-    found = record_words(record)
-    return [found.count(word) for word in words]
+    in the order given; None unless each is one of them at least once."""
+    folded = _folded(search_text(record))
+    if not all(word in folded for word in words):     # a word of the text is part of it: no need to split
+        return None
+    found = folded.split()
+    counts = [found.count(word) for word in words]
+    if not all(counts):
+        return None
+    return counts
 
 
 def scan(records, dates, ids, words, limit=MAX_MATCHES):
@@ -1959,7 +1965,7 @@ def scan(records, dates, ids, words, limit=MAX_MATCHES):
     hits = []
     for i, record in enumerate(records):
         counts = occurrences(record, words)
-        if all(counts):
+        if counts is not None:
             hits.append((-sum(counts), -dates[i], ids[i], i))
     hits.sort()
     best = [(i, -total) for total, _, _, i in hits[:limit]]
