@@ -1646,6 +1646,15 @@ class TestSearchIndexPaths(SearchCase):
         self.assertEqual(reads[4:], [("build", 1), ("build", 2)])
         self.assertEqual(index.search(["a"]), (2, [(2, 2), (0, 1)]))
 
+    def test_the_first_search_keeps_its_limit(self):
+        # the first search asked before the build is answered by a scan, which keeps the limit it is given
+        records = [text_record("a b"), text_record("b c"), text_record("a a b"), text_record("b")]
+        index = text_index(records)
+        self.assertEqual(index.search(["b"], 2), (4, [(3, 1), (2, 1)]))         # the newest first
+        self.assertFalse(index.ready.is_set())
+        self.assertEqual(index.search(["b"], 2), scan(records, ["b"], limit=2))
+        self.assertTrue(index.ready.is_set())
+
     def test_later_searches_during_the_build_wait_for_it(self):
         # only the first search scans: a second one asked while the index is being built waits for the index
         building, release = threading.Event(), threading.Event()
