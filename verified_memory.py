@@ -1707,6 +1707,15 @@ def disk_state(root):
     return root_identity, tuple(entries)
 
 
+def read_record(records, offsets, i):
+    """records.jsonl's verified bytes, where each line starts (and the next would), and a record's index ->
+    its value, a fresh copy. parse_records parsed these very bytes with strict_json_loads and check_record
+    judged that value; json.loads gives the same value from text that strict_json_loads accepted."""
+    start = offsets[i]
+    end = offsets[i + 1] - 1                  # before the line's LF
+    return json.loads(records[start:end])
+
+
 class PackSnapshot:
     """A verified pack frozen in memory: records.jsonl's verified bytes, where each record's line starts, the
     records' IDs, dates and payee facts, the search index over them, and what the per-call checks need
@@ -1729,11 +1738,8 @@ class PackSnapshot:
         self.index = SearchIndex(self.records, self.offsets, parsed.dates, parsed.ids)
 
     def record(self, i):
-        """Record i (0-based, file order) -> a fresh copy, parsed from the verified bytes by the same
-        function that verified them."""
-        start = self.offsets[i]
-        end = self.offsets[i + 1] - 1         # before the line's LF
-        return parse_record_line(self.records[start:end], i + 1)
+        """Record i (0-based, file order) -> a fresh copy, read from the verified bytes (read_record)."""
+        return read_record(self.records, self.offsets, i)
 
     def verification(self, now_ns):
         """The verification object of a result, with freshness judged at `now_ns`."""
@@ -1962,10 +1968,11 @@ def apply_sandbox(read_dir, mode):
 # ============================================================================
 # §7 Search index (performance code; a trust reviewer may skip this section)
 # ============================================================================
-# Contract: SearchIndex.search(words) answers exactly what a linear scan of the verified snapshot answers: the
-# records whose search text (statement, topic and quotes, read by search_words) holds every word, how many
-# there are, and the best `limit` of them by occurrences, then newest date_last_utc, then record ID. It only
-# chooses which verified records to return, never changes them. Tests compare it with a scan on every path.
+# Contract: SearchIndex.search(words) answers exactly what scan(), a linear scan of the verified snapshot,
+# answers: the records whose search text (statement, topic and quotes, read by search_words) holds every word,
+# how many there are, and the best `limit` of them by occurrences, then newest date_last_utc, then record ID.
+# It only chooses which verified records to return, never changes them. Tests compare it with scan() on every
+# path, and scan() with a regular expression's words.
 
 PLACE_BITS = 14                               # places < 16384 > MAX_RECORDS
 PLACE_MASK = (1 << PLACE_BITS) - 1
@@ -2017,6 +2024,38 @@ def search_text(record):
     """What search reads of a record: its statement, topic and quotes, one a line."""
     quotes = [citation["quote"] for citation in record["evidence"]]
     return "\n".join([record["statement"], record["topic"]] + quotes)
+
+
+def record_words(record):
+    """A record -> the words of its search text, in order, as _folded writes them (UTF-8)."""
+    return _folded(search_text(record)).split()
+
+
+def occurrences(record, words):
+    """A record and distinct UTF-8 words -> how many times each is one of the record's words (record_words),
+    in the order given; None unless each is one of them at least once."""
+    folded = _folded(search_text(record))
+    if not all(word in folded for word in words):     # a word of the text is part of it: no need to split
+        return None
+    found = folded.split()
+    counts = [found.count(word) for word in words]
+    if not all(counts):
+        return None
+    return counts
+
+
+def scan(records, dates, ids, words, limit=MAX_MATCHES):
+    """The contract itself, by reading every record: the parsed records, their date_last_utc instants and IDs
+    (in file order) and distinct UTF-8 words -> (how many records hold them all, [(record index, occurrences)]
+    of the best `limit`: most occurrences first, then the newest date, then the lowest record ID)."""
+    hits = []
+    for i, record in enumerate(records):
+        counts = occurrences(record, words)
+        if counts is not None:
+            hits.append((-sum(counts), -dates[i], ids[i], i))
+    hits.sort()
+    best = [(i, -total) for total, _, _, i in hits[:limit]]
+    return len(hits), best
 
 
 def _places(dates, ids):
@@ -2086,7 +2125,8 @@ def _best_bytes(totals, top, want):
 
 
 class SearchIndex:
-    """An inverted index over the records' search texts, built once in a background thread.
+    """An inverted index over the records' search texts, built once in a background thread. The first search
+    asked before it is ready is answered by scan() while the build pauses; later ones wait for the index.
 
     A record's key is its occurrences of a word << PLACE_BITS | its place (_places), so the larger key ranks
     better. A word held by fewer than `common` records keeps the keys of those records (`postings`); a word
@@ -2103,6 +2143,9 @@ class SearchIndex:
         self._ids = ids
         self._lock = threading.Lock()
         self._started = False
+        self._searched = False
+        self._not_scanning = threading.Event()   # cleared while scan() answers: the build waits between records
+        self._not_scanning.set()
         self.ready = threading.Event()
         self.failure = None
         self.size = len(ids)
@@ -2129,19 +2172,16 @@ class SearchIndex:
             self.ready.set()
 
     def _record(self, i):
-        """Record i, read from the verified bytes (json.loads gives the value strict_json_loads checked)."""
-        start = self._offsets[i]
-        end = self._offsets[i + 1]
-        return json.loads(self._records[start:end])
+        """Record i, read from the verified bytes (read_record)."""
+        return read_record(self._records, self._offsets, i)
 
     def _index_records(self):
         """Fill postings and dense from the records' search texts."""
         self.by_place, place_of = _places(self._dates, self._ids)
-        self._dates = self._ids = None        # not needed once placed: a lower peak while the words come
         postings = defaultdict(_new_keys)
         for i in range(self.size):
-            text = search_text(self._record(i))
-            counts = Counter(_folded(text).split())
+            self._not_scanning.wait()
+            counts = Counter(record_words(self._record(i)))
             place = place_of[i]
             for word, count in counts.items():
                 key = count << PLACE_BITS | place
@@ -2183,13 +2223,32 @@ class SearchIndex:
 
     def search(self, words, limit=MAX_MATCHES):
         """Distinct words (search_words of a query) -> (how many records hold them all, [(record index,
-        occurrences)] of the best `limit`, best first). No words: no match. Waits for the index."""
+        occurrences)] of the best `limit`, best first). No words: no match. The first search asked before the
+        index is ready scans the records (_scan_paused); any other waits for the index."""
         if not words:
             return 0, []
-        self.wait()
         encoded = [word.encode("utf-8", "surrogatepass") for word in words]
+        if self._first_before_ready():
+            return self._scan_paused(encoded, limit)
+        self.wait()
         matched, best = self._lookup(encoded, limit)
         return matched, list(map(self.match, best))
+
+    def _first_before_ready(self):
+        """Whether this is the first search, asked before the index is ready."""
+        with self._lock:
+            first = not self._searched
+            self._searched = True
+        return first and not self.ready.is_set()
+
+    def _scan_paused(self, words, limit):
+        """UTF-8 words -> scan()'s answer over the verified records; the build, if it runs, waits meanwhile."""
+        self._not_scanning.clear()
+        try:
+            records = map(self._record, range(self.size))
+            return scan(records, self._dates, self._ids, words, limit)
+        finally:
+            self._not_scanning.set()
 
     def match(self, key):
         """A key -> (record index, occurrences)."""
@@ -2738,9 +2797,36 @@ class ToolServer:
         return self.payees.check(payee, account), None
 
 
+def _tool_result(payload, structured):
+    """A tool's result object -> the tools/call result: its JSON text, and the object itself as
+    structuredContent from protocol 2025-06-18 (`structured`)."""
+    result = {"content": [{"type": "text", "text": _compact_json(payload)}], "isError": False}
+    if structured:
+        result["structuredContent"] = payload
+    return result
+
+
 def encode_reply(reply):
     """A reply object or a batch of them -> one line: its compact UTF-8 JSON and a newline."""
-    return _compact_json(reply).encode("utf-8") + b"\n"
+    if isinstance(reply, list):
+        text = "[%s]" % ",".join(map(_reply_json, reply))
+    else:
+        text = _reply_json(reply)
+    return text.encode("utf-8") + b"\n"
+
+
+def _reply_json(reply):
+    """A reply object -> its compact JSON text. A tool result's structuredContent is written as the text of
+    its content, which is already its compact JSON (_tool_result), instead of being encoded again; it is put
+    last in the result, itself put last in the reply, so that it goes right before their closing braces."""
+    result = reply.get("result")
+    if not isinstance(result, dict) or "structuredContent" not in result:
+        return _compact_json(reply)
+    outer = {key: value for key, value in reply.items() if key != "result"}
+    outer["result"] = {key: value for key, value in result.items() if key != "structuredContent"}
+    head = _compact_json(outer)
+    structured = result["content"][0]["text"]
+    return '%s,"structuredContent":%s}}' % (head[:-2], structured)
 
 
 class RpcError(Exception):
@@ -2759,15 +2845,6 @@ def _error(request_id, code, message, data=None):
     if data is not None:
         error["data"] = data
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
-
-
-def _tool_result(payload, structured):
-    """A tool's result object -> the tools/call result: its JSON text, and the object itself as
-    structuredContent from protocol 2025-06-18 (`structured`)."""
-    result = {"content": [{"type": "text", "text": _compact_json(payload)}], "isError": False}
-    if structured:
-        result["structuredContent"] = payload
-    return result
 
 
 def _message_error(message):
@@ -6176,7 +6253,7 @@ def serve_command(snapshot, hint):
     # While the index builds, a request waits for the index thread to let go of the interpreter after each of its
     # system calls; a short switch interval keeps that wait short, and costs nothing once no thread competes.
     sys.setswitchinterval(0.0001)
-    snapshot.index.start()                    # index while the client starts; the first search waits for it
+    snapshot.index.start()                    # index while the client starts (SearchIndex.search: the first scans)
     out = sys.stdout.buffer
     sys.stdout = sys.stderr                   # a stray print must never corrupt the protocol stream
     if hint:
