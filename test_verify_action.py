@@ -2922,6 +2922,26 @@ class RedTeamFacts(unittest.TestCase):
         for claim in ("Added x that will run", "Added x; going to test later", "Plan added"):
             self.assertFalse(va.code_diff_claim(claim, {}).not_done, claim)
 
+    def test_jcs_sorts_plainly_only_where_code_point_order_is_utf16_order(self):
+        # _jcs sorts ASCII keys by code point, any other by UTF-16 code units: both against ref_jcs on random values
+        rng = __import__("random").Random(29)
+        chars = ["a", "B", "~", "\x7f", "\u00e9", "\ue000", "\uffff", "\U00010000", "\U0001f600", "0", "_"]
+
+        def value(depth):
+            if depth > 3 or rng.random() < 0.3:
+                return rng.choice(["s\u00e9", 1, -2.5, 1e-7, None, True, False, 2 ** 60, 1.5e16, ""])
+            if rng.random() < 0.3:
+                return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+            keys = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(0, 6))]
+            return {key: value(depth + 1) for key in keys}
+        for _ in range(3000):
+            v = value(0)
+            self.assertEqual(va._jcs(v), ref_jcs(v), v)
+        ascii_keys = {"b": 1, "a": 2, "_": 3, "B": 4, "~": 5, "": 6}
+        self.assertEqual(va._sorted_keys(ascii_keys), sorted(ascii_keys, key=utf16_units))
+        self.assertEqual(va._sorted_keys({"\uffff": 1, "\U00010000": 2}), ["\U00010000", "\uffff"])
+        self.assertRaises(TypeError, va._jcs, {1, 2})
+
     def test_spec_lists_the_connection_limits_and_the_page_says_effect(self):
         connections = va.spec_document("off")["connections"]
         self.assertEqual(connections["max_conns"], va.MAX_CONNS)

@@ -281,23 +281,42 @@ def _utf16_order(key):
     return key.encode("utf-16-be", "surrogatepass")
 
 
+def _sorted_keys(obj):
+    """An object's keys in RFC 8785 order (UTF-16 code units). Code point order is that order where no key holds a
+    character above U+FFFF, and plainly so where every key is ASCII: sorted() then needs no sort key."""
+    if "".join(obj).isascii():
+        return sorted(obj)
+    return sorted(obj, key=_utf16_order)
+
+
+def _jcs_object(obj):
+    """The RFC 8785 text of an object (dict), its keys sorted by UTF-16 code units."""
+    members = [_encode_str(key) + ":" + _jcs(obj[key]) for key in _sorted_keys(obj)]
+    return "{" + ",".join(members) + "}"
+
+
 def _jcs(v):
     """The RFC 8785 text of a JSON value, in pure Python."""
-    if isinstance(v, str):
+    kind = type(v)
+    if kind is str:
         return _encode_str(v)
+    if kind is dict:
+        return _jcs_object(v)
+    if kind is list:
+        return "[" + ",".join(map(_jcs, v)) + "]"
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return _es_number(v)
+    if isinstance(v, str):
+        return _encode_str(v)
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(map(_jcs, v)) + "]"
-    if not isinstance(v, dict):
-        raise TypeError("not a JSON value: %s" % type(v).__name__)
-    keys = sorted(v, key=_utf16_order)
-    members = [_encode_str(key) + ":" + _jcs(v[key]) for key in keys]
-    return "{" + ",".join(members) + "}"
+    if isinstance(v, dict):
+        return _jcs_object(v)
+    raise TypeError("not a JSON value: %s" % type(v).__name__)
 
 
 # ---- key order ---------------------------------------------------------------------------------------------
@@ -667,7 +686,7 @@ def _tokens(text):
 
 def _lower(tokens):
     """The tokens in lower case."""
-    return [token.lower() for token in tokens]
+    return list(map(str.lower, tokens))
 
 
 def _words(text):
@@ -814,7 +833,7 @@ def _singular(noun):
 
 def _unprefixed(token):
     """token without a leading './'."""
-    if token.startswith("./"):
+    if token[:2] == "./":
         return token[2:]
     return token
 
@@ -1417,22 +1436,16 @@ def _without_placeholder_lines(text):
     return text
 
 
-def _is_prose(path):
-    """Whether path is a file of prose (README.md, notes.txt): none of its lines is a comment."""
-    return path.rpartition(".")[2].lower() in _PROSE
-
-
-def _comment_line(path):
-    """The pattern of a whole comment line in the file at path (see _COMMENT_LINE)."""
-    if path.rpartition(".")[2].lower() in _HASH_CODE:
-        return _C_COMMENT_LINE
-    return _COMMENT_LINE
-
-
-def _trailing_markers(path):
-    """The markers of trailing comments in the language of the file at path (see _HASH_TRAILING)."""
+def _extension(path):
+    """The extension of the file at path, in lower case ('' for none: Makefile)."""
     name = path.rpartition("/")[2]
-    extension = name.rpartition(".")[2].lower() if "." in name else ""
+    if "." not in name:
+        return ""
+    return name.rpartition(".")[2].lower()
+
+
+def _trailing_markers(extension):
+    """The markers of trailing comments in the language of a file's extension (see _HASH_TRAILING)."""
     if extension in _SLASH_TRAILING:
         return ("/*", "//")
     if extension in _HASH_TRAILING or not extension:
@@ -1442,9 +1455,10 @@ def _trailing_markers(path):
     return ()
 
 
-def _without_trailing_comments(text, path):
-    """text (a newline before each line) without the comments after code on its lines, in the file's language."""
-    for marker in _trailing_markers(path):
+def _without_trailing_comments(text, extension):
+    """text (a newline before each line) without the comments after code on its lines, in the language of a file's
+    extension."""
+    for marker in _trailing_markers(extension):
         if marker not in text:
             continue
         if marker == "/*":
@@ -1455,13 +1469,16 @@ def _without_trailing_comments(text, path):
 
 
 def _without_comments(text, path):
-    """text (a file's added or removed lines), a newline before each line: unless the file is prose, without
-    comments (whole lines, blocks and the comments after code), docstrings and string-only lines."""
+    """text (a file's added or removed lines), a newline before each line: unless the file is prose (README.md,
+    notes.txt: none of its lines is a comment), without comments (whole lines, blocks and the comments after code),
+    docstrings and string-only lines. '#' lines are code in the languages of _HASH_CODE (see _COMMENT_LINE)."""
     text = "\n" + text
-    if _is_prose(path):
+    extension = _extension(path)
+    if extension in _PROSE:
         return text
-    text = _comment_line(path).sub("\n", _without_blocks(text))
-    return _without_trailing_comments(text, path)
+    comment_line = _C_COMMENT_LINE if extension in _HASH_CODE else _COMMENT_LINE
+    text = comment_line.sub("\n", _without_blocks(text))
+    return _without_trailing_comments(text, extension)
 
 
 def _comment_free(text, path):
@@ -1612,13 +1629,21 @@ def _term(token, index, backticked):
     """What a claim token is: 'path' (a file of the diff, or path-like), 'identifier', 'word' (content) or None.
     Letters alone are no path, email or URL."""
     name = _unprefixed(token)
-    if name in index or not token.isalpha() and _pathish(name):
+    if name in index:
         return "path"
-    named = token.isalpha() or not (_email(token) or _url(token))
-    if named and _identifier(token, token in backticked):
+    if token.isalpha():  # as _identifier reads a word: backticked or camelCase, and ASCII
+        named = token in backticked or not token.islower() and _camel(token)
+        if named and token.isascii():
+            return "identifier"
+        if len(token) >= 4 and token.lower() not in _NOT_CONTENT:
+            return "word"
+        return None
+    if _pathish(name):
+        return "path"
+    if _email(token) or _url(token):
+        return None
+    if _identifier(token, token in backticked):
         return "identifier"
-    if token.isalpha() and len(token) >= 4 and token.lower() not in _NOT_CONTENT:
-        return "word"
     return None
 
 
@@ -1658,10 +1683,18 @@ def code_diff_claim(claim, index):
     toks, low = _words(claim)
     actions = _actions(low, _CODE_VERBS)
     backticked = _backticked(claim)
-    terms = [(_term(token, index, backticked), token) for token in toks]
-    paths = [_unprefixed(token) for term, token in terms if term == "path"]
-    identifiers = sorted({token for term, token in terms if term == "identifier"})
-    words = [token.lower() for term, token in terms if term == "word"]
+    paths = []
+    named = set()
+    words = []
+    for token in toks:
+        term = _term(token, index, backticked)
+        if term == "path":
+            paths.append(_unprefixed(token))
+        elif term == "identifier":
+            named.add(token)
+        elif term == "word":
+            words.append(token.lower())
+    identifiers = sorted(named)
     removed = _removed_paths(toks, low, index)
     tests = not _TEST_WORDS.isdisjoint(low) or any(map(_TEST_PATH.search, paths))
     return CodeClaim(actions.classes, actions.negated, paths, identifiers, words, removed, actions.not_done, tests)
@@ -1707,20 +1740,28 @@ def _scope(diff, named):
     return range(len(diff.files))
 
 
-def _file_texts(diff, number, code):
+def _file_texts(diff, number, supports, presents):
     """sign -> (all lines, code lines that support an add, check or fix, code lines) of that sign in file number, one
-    a line, without their signs (see _code_text and _comment_free); the code lines are '' unless code (a claim that
-    only modifies or only removes never reads them)."""
+    a line, without their signs (see _code_text and _comment_free). The code lines are read only for the signs in
+    supports and in presents (the signs a claim reads them for), else ''."""
     lines = "\n".join(diff.lines(number))
     path = diff.path(number)
     file = diff.files[number]
     texts = {}
     for sign, others in (("+", file["removed"]), ("-", file["added"])):
         every = _signed_text(lines, sign) if others else _unsigned(lines, sign)  # all of one sign: no search
-        support = _code_text(every, path) if code else ""
-        present = _comment_free(every, path) if code else ""
+        support = _code_text(every, path) if sign in supports else ""
+        present = _comment_free(every, path) if sign in presents else ""
         texts[sign] = (every, support, present)
     return texts
+
+
+def _code_signs(claim):
+    """(the signs whose code lines support the claim, the signs whose code a remove claim reads for what comes
+    back): see _needed_text, _moved and _removals."""
+    supports = _needed_signs(claim.actions) if _needs_code(claim) else ""
+    presents = "+" if claim.actions == {"remove"} else ""
+    return supports, presents
 
 
 def _joined(texts, sign, which):
@@ -1802,9 +1843,14 @@ def _changed(file):
     return file["added"] + file["removed"] > 0
 
 
-def _sum_of(files, key):
-    """The sum of one count (added, removed) over files."""
-    return sum(file[key] for file in files)
+def _line_totals(files):
+    """{'+': lines added, '-': lines removed} over files, in one pass."""
+    added = 0
+    removed = 0
+    for file in files:
+        added += file["added"]
+        removed += file["removed"]
+    return {"+": added, "-": removed}
 
 
 def _needed_text(claim, texts):
@@ -1821,12 +1867,13 @@ def code_diff_facts(diff, claim):
     named = set().union(*(diff.index[path] for path in found))
     scope = _scope(diff, named)
     in_scope = [diff.files[number] for number in scope]
-    total = _sum_of(diff.files, "added") + _sum_of(diff.files, "removed")
-    counts = {"+": _sum_of(in_scope, "added"), "-": _sum_of(in_scope, "removed")}
+    totals = _line_totals(diff.files)
+    counts = _line_totals(in_scope) if named else totals
+    total = totals["+"] + totals["-"]
     here = counts["+"] + counts["-"]
-    reads_code = _needs_code(claim) or claim.actions == {"remove"}
-    reads_lines = reads_code or claim.identifiers or claim.words
-    texts = [_file_texts(diff, number, reads_code) for number in scope] if reads_lines else []
+    supports, presents = _code_signs(claim)
+    reads_lines = supports or presents or claim.identifiers or claim.words
+    texts = [_file_texts(diff, number, supports, presents) for number in scope] if reads_lines else []
     code = {sign: _joined(texts, sign, 1) for sign in "+-"}
     otherwise = _status_change(in_scope)
     moved = {action: _moved(action, counts, code, otherwise) for action in claim.actions}
@@ -1987,16 +2034,15 @@ def _code_diff_details(diff, claimed):
     """details of a code_diff judgement: the first 100 files, the counts, and what the claim names."""
     files = [_public(file) for file in diff.files[:100]]
     changed = len(diff.files)
-    added = _sum_of(diff.files, "added")
-    removed = _sum_of(diff.files, "removed")
+    totals = _line_totals(diff.files)
     paths = claimed.paths[:50]
     identifiers = claimed.identifiers[:50]
     actions = sorted(claimed.actions)
     details = {
         "files": files,
         "files_changed": changed,
-        "lines_added": added,
-        "lines_removed": removed,
+        "lines_added": totals["+"],
+        "lines_removed": totals["-"],
         "claimed_paths": paths,
         "identifiers": identifiers,
         "actions": actions,
@@ -3258,12 +3304,20 @@ def _body_outcome(body):
     return None
 
 
-def _path_rows(urls):
-    """The id rows ('customers_id', '78') that URLs' paths name (/customers/78), all the paths at once. Lower-cased
-    once joined: a line break, like '/', ends a word as the path's end does, so each segment comes out as str.lower
-    gives it alone (even a final sigma)."""
+def _path_id_pattern(segments):
+    """_PATH_ID for the segments given only (a search then skips, in C, every path segment that is none of them)."""
+    names = "|".join(map(re.escape, sorted(segments)))
+    return re.compile(r"(?<![^/\n])(%s)/(?=([0-9]{1,18})(?:[/\n]|\Z))" % names)
+
+
+def _path_rows(urls, segments=None):
+    """The id rows ('customers_id', '78') that URLs' paths name (/customers/78), all the paths at once; only those of
+    the given segment names (customers), or of every one for None. Lower-cased once joined: a line break, like '/',
+    ends a word as the path's end does, so each segment comes out as str.lower gives it alone (even a final
+    sigma)."""
     paths = "\n".join(_column(urls, 1))
-    pairs = _PATH_ID.findall(paths.lower())
+    pattern = _PATH_ID if segments is None else _path_id_pattern(segments)
+    pairs = pattern.findall(paths.lower())
     names = map(operator.add, _column(pairs, 0), itertools.repeat("_id"))
     return set(zip(names, _column(pairs, 1)))
 
@@ -3301,7 +3355,7 @@ def _request_targets(request, wanted):
     want_emails, want_urls, want_ids = map(bool, wanted)
     if isinstance(request, str):
         emails_text = urls_text = request
-        rows = _id_rows(_tokens(request)) if want_ids else set()
+        rows = _token_rows(request, wanted[2]) if want_ids else set()
     else:
         lows, texts, keys = _member_texts(request)
         # the values of the email and URL fields ('Eve <eve@x.com>'), joined by spaces, which no email or URL spans
@@ -3310,9 +3364,41 @@ def _request_targets(request, wanted):
         rows = _member_rows(lows, texts, keys)
     urls = _urls_in(urls_text) if want_urls or want_ids else set()
     if want_ids:
-        rows |= _path_rows(urls)
+        rows |= _path_rows(urls, _claimed_segments(wanted[2]))
     emails = _emails_in(emails_text) if want_emails else set()
     return emails, urls, rows
+
+
+def _agreeing_names(ids):
+    """The names of the id rows that can meet the claimed ids ((noun, value)): those that agree with a claimed noun
+    (customer, customers, customer_id... for customer: see _id_names) or with none (id), or None (every name) when
+    the claim names a bare id (#78, id 78)."""
+    nouns = {noun for noun, _ in ids}
+    if "" in nouns:
+        return None
+    return _id_names("").union(*map(_id_names, nouns))
+
+
+def _claimed_segments(ids):
+    """The path segments whose ids can meet the claimed ids (see _agreeing_names), or None for every one."""
+    names = _agreeing_names(ids)
+    if names is None:
+        return None
+    return {name[:-3] for name in names if name.endswith("_id")}
+
+
+def _token_rows(text, ids):
+    """The id rows of a string request's tokens (see _id_rows) that can meet the claimed ids: none without reading
+    its tokens when no name that agrees with a claimed noun (nor '#' or 'id') is in its lower-case text, as a row is
+    a token (its name) and the number after it."""
+    names = _agreeing_names(ids)
+    if names is not None and "".join(names).isascii():
+        low = text.lower()
+        kept = [name for name in names if name and (_ID_NAME.fullmatch(name) or _noun_like(name))]  # as _id_rows
+        kept += ["#", "id"]  # the name '' of #N, id=N and id:N
+        if not any(name in low for name in kept):
+            return set()
+    return _id_rows(_tokens(text))
 
 
 def _id_names(noun):
@@ -3392,19 +3478,19 @@ def _unclaimed(claim, emails, urls, rows):
     """How many of the request's targets the claim does not name, among the kinds it names: other addresses (to, cc,
     bcc...), other URLs (a claimed bare host names every path on it), other ids under a noun the claim names with
     its id (customer 78 beside customer_id 79)."""
-    others = set()
-    if claim.emails:
-        others |= emails - claim.emails
-    hosts = {host for host, path in claim.urls if not path}
+    others = len(emails - claim.emails) if claim.emails else 0
     if claim.urls:
-        others |= {url for url in urls if url not in claim.urls and url[0] not in hosts}
+        other_urls = urls - claim.urls
+        hosts = {host for host, path in claim.urls if not path}
+        if hosts:
+            other_urls = [url for url in other_urls if url[0] not in hosts]
+        others += len(other_urls)
     nouns = {noun for noun, _ in claim.ids} - {""}
     owner = {name: noun for noun in nouns for name in _id_names(noun)}  # an id row's name -> the noun it holds
-    for name, value in rows:
-        noun = owner.get(name)
-        if noun is not None and (noun, value) not in claim.ids:
-            others.add((noun, value))
-    return len(others)
+    owned = list(itertools.compress(rows, map(owner.__contains__, _column(rows, 0))))  # in C: up to 100,000 rows
+    claimed_rows = zip(map(owner.__getitem__, _column(owned, 0)), _column(owned, 1))  # (noun, value)
+    other_ids = set(claimed_rows) - set(claim.ids)
+    return others + len(other_ids)
 
 
 def _result(hit, others):
@@ -3420,7 +3506,7 @@ def api_call_facts(ev, claim):
     request = ev.get("request") or {}
     emails, urls, rows = _request_targets(request, wanted)
     targets = _target_results(claim, emails, urls, rows)
-    unclaimed = _unclaimed(claim, emails, urls, rows)
+    unclaimed = 0 if "mismatch" in targets else _unclaimed(claim, emails, urls, rows)  # see target_not_claimed
     body = _body_outcome(ev.get("response_body"))
     return ApiFacts(ev["response_status"], body, targets, unclaimed)
 
