@@ -2942,6 +2942,28 @@ class RedTeamFacts(unittest.TestCase):
         self.assertEqual(va._sorted_keys({"\uffff": 1, "\U00010000": 2}), ["\U00010000", "\uffff"])
         self.assertRaises(TypeError, va._jcs, {1, 2})
 
+    def test_claim_directed_urls_and_ids_answer_as_reading_every_one(self):
+        # _wanted_urls and _token_rows read fewer URLs and tokens; the targets' results and target_not_claimed's
+        # count must be those of reading every URL and token, on random requests
+        rng = __import__("random").Random(31)
+        bits = ["http://", "https://", "a", "B", "/", "7", "78", " ", "\n", "customer", "customers", "s", "?", "#",
+                ":", "80", "@", "[", "]", "x", "//", "\u0130", "id", "=", "customer_id"]
+        claimed = ["http://a/7", "http://b/", "https://a", "http://x/c"]
+        for _ in range(20000):
+            text = "".join(rng.choice(bits) for _ in range(rng.randint(0, 16)))
+            ids = {(rng.choice(["customer", "order", "s", "user"]), str(rng.randint(0, 99)))}
+            urls = {va._url(rng.choice(claimed))}
+            claim = va.ApiClaim(None, set(), urls, ids)
+            every_url = va._urls_in(text)
+            every_row = va._id_rows(va._tokens(text)) | va._path_rows(every_url)
+            got = va._request_targets(text, (set(), urls, ids))
+            want_results = va._target_results(claim, set(), every_url, every_row)
+            got_results = va._target_results(claim, *got)
+            self.assertEqual(got_results, want_results, (text, ids, urls))
+            if "mismatch" not in want_results:
+                self.assertEqual(va._unclaimed(claim, *got), va._unclaimed(claim, set(), every_url, every_row),
+                                 (text, ids, urls))
+
     def test_spec_lists_the_connection_limits_and_the_page_says_effect(self):
         connections = va.spec_document("off")["connections"]
         self.assertEqual(connections["max_conns"], va.MAX_CONNS)

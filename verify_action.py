@@ -3362,11 +3362,53 @@ def _request_targets(request, wanted):
         emails_text = _values_of(texts, lows, _EMAIL_KEYS)
         urls_text = _values_of(texts, lows, _URL_KEYS)
         rows = _member_rows(lows, texts, keys)
-    urls = _urls_in(urls_text) if want_urls or want_ids else set()
+    urls = _wanted_urls(urls_text, wanted) if want_urls or want_ids else set()
     if want_ids:
         rows |= _path_rows(urls, _claimed_segments(wanted[2]))
     emails = _emails_in(emails_text) if want_emails else set()
     return emails, urls, rows
+
+
+def _may_hold_path_ids(text, ids):
+    """Whether a URL in text may have a path id that can meet a claimed id: a claimed segment (see
+    _claimed_segments) then '/' and a digit somewhere in its lower-case text, or for the segment '' a digit after
+    '//' or after a URL's host and '/'; always, for a bare id or a segment that is not ASCII."""
+    segments = _claimed_segments(ids)
+    if segments is None or not "".join(segments).isascii():
+        return True
+    named = sorted(segments - {""})
+    patterns = ["/(?:%s)/[0-9]" % "|".join(map(re.escape, named))] if named else []
+    if "" in segments:  # the segment '' names a path's first segment of digits (/78), or one after '//'
+        patterns += ["//[0-9]", "://[^/?#\\s\"'<>]*/[0-9]"]
+    return re.search("|".join(patterns), text.lower()) is not None
+
+
+def _first_url(text):
+    """{(host, path)} of the first http(s) URL in text that has a host (read as _urls_in reads it), or set()."""
+    for match in _URLS.finditer(text):
+        host, path = match.groups()
+        if host:
+            return {(host.lower(), (path or "").rstrip("/"))}
+    return set()
+
+
+def _wanted_urls(text, wanted):
+    """The URLs of text that the claim's targets (wanted: emails, URLs, ids) can meet, as _urls_in reads them: all of
+    them where a claimed URL's host is in the text (or is not ASCII), or a path may hold an id a claimed one can
+    meet; else none can meet a claimed URL, and the first URL alone says the request has one (target_mismatch).
+    A request can hold 62,000 URLs: none is read when the claim names another host."""
+    claimed_urls, claimed_ids = wanted[1], wanted[2]
+    if claimed_ids and _may_hold_path_ids(text, claimed_ids):
+        return _urls_in(text)
+    if not claimed_urls:
+        return set()
+    hosts = [host for host, _ in claimed_urls]
+    if not "".join(hosts).isascii():
+        return _urls_in(text)
+    low = text.lower()
+    if any(host in low for host in hosts):
+        return _urls_in(text)
+    return _first_url(text)
 
 
 def _agreeing_names(ids):
