@@ -2115,6 +2115,10 @@ CHECK_TABLES = {"code_diff": TABLE_CODE_DIFF, "db_op": TABLE_DB_OP, "file_op": T
 BUILD = {"build": "build_4411", "runner": "runner_a7", "commit": "commit_9f3"}  # three entities a generic claim names
 
 REDTEAM_CODE_DIFF = [
+    ("Added rateLimit to src/user.py", one_file("src/user.py", "+    rateLimit(user)", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added rateLimit to src/user.py", one_file("src/user.py", "+    limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
     ("Will add `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), I,
      ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
     ("Going to add `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), I,
@@ -2963,6 +2967,16 @@ class RedTeamFacts(unittest.TestCase):
             if "mismatch" not in want_results:
                 self.assertEqual(va._unclaimed(claim, *got), va._unclaimed(claim, set(), every_url, every_row),
                                  (text, ids, urls))
+        fixed = [  # (request, claimed ids, claimed URLs, the results): a path's first segment of digits, '//N'
+            ("http://a/78 http://b/c", {("customer", "78")}, set(), ["match"]),
+            ("http://a:80/78", {("customer", "78")}, set(), ["match"]),
+            ("http://a//78", {("customer", "78")}, set(), ["match"]),
+            ("http://a/customers/78", {("customer", "78")}, {("b", "")}, ["mismatch", "match"]),
+            ("http://a/orders/78", {("customer", "78")}, set(), ["absent"]),
+        ]
+        for text, ids, urls, results in fixed:
+            claim = va.ApiClaim(None, set(), urls, ids)
+            self.assertEqual(va._target_results(claim, *va._request_targets(text, (set(), urls, ids))), results, text)
 
     def test_spec_lists_the_connection_limits_and_the_page_says_effect(self):
         connections = va.spec_document("off")["connections"]

@@ -3397,6 +3397,8 @@ def _wanted_urls(text, wanted):
     them where a claimed URL's host is in the text (or is not ASCII), or a path may hold an id a claimed one can
     meet; else none can meet a claimed URL, and the first URL alone says the request has one (target_mismatch).
     A request can hold 62,000 URLs: none is read when the claim names another host."""
+    if "://" not in text:
+        return set()
     claimed_urls, claimed_ids = wanted[1], wanted[2]
     if claimed_ids and _may_hold_path_ids(text, claimed_ids):
         return _urls_in(text)
