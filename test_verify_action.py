@@ -637,16 +637,16 @@ class Issue11Speed(unittest.TestCase):
             self.assertEqual(counted, (sum(l[:1] == "+" for l in taken), sum(l[:1] == "-" for l in taken)))
 
     def test_every_adversarial_body_is_answered(self):
-        # exactly as ADVERSARIAL_ANSWERS says: a crashing rule (unsafe_to_verify, verifier_error) would show; a body
-        # added to the table since is at least answered without one
+        # exactly as ADVERSARIAL_ANSWERS says, every body: a crashing rule (unsafe_to_verify, verifier_error) would
+        # show
         bodies = adversarial_bodies()
         self.assertGreaterEqual(len(bodies), 20)
         for label, path, body in bodies:
             self.assertLessEqual(len(body), va.MAX_BODY, label)
             got = answer_and_codes(path, body)
             self.assertNotIn("verifier_error", got[1] or [], label)
-            if label in ADVERSARIAL_ANSWERS:
-                self.assertEqual(got, ADVERSARIAL_ANSWERS[label], label)
+            self.assertEqual(got, ADVERSARIAL_ANSWERS[label], label)
+        self.assertEqual(sorted(label for label, _, _ in bodies), sorted(ADVERSARIAL_ANSWERS))
 
     def test_generic_value_codes_agree_with_each_claimed_value_against_each_found(self):
         # the found values are read once and each claimed value is looked up; before, each claimed value was compared
@@ -783,7 +783,8 @@ class Issue11Speed(unittest.TestCase):
         ev = {"request": request, "response_status": 200}
         self.assertEqual(judge("Sent it to bob@example.com", ev), (V, ["status_matches_claim", "target_matches"]))
         self.assertEqual(judge("Sent it to eve@example.com", ev)[1][-1], "target_mismatch")
-        self.assertEqual(judge("Posted to http://h7.example/p", ev)[1][-1], "target_matches")
+        # the other 1,999 URLs of a string request are targets the claim does not name
+        self.assertEqual(judge("Posted to http://h7.example/p", ev)[1][-2:], ["target_matches", "target_not_claimed"])
         self.assertEqual(judge("Posted to http://h7.example/q", ev)[1][-1], "target_mismatch")
 
 
@@ -1135,7 +1136,7 @@ class Validation(unittest.TestCase):
 # ---------------------------------------------------------------------------------------------------
 V, C, I, U = "verified", "contradicted", "insufficient_evidence", "unsafe_to_verify"
 ADVERSARIAL_ANSWERS = {  # label -> (what the service answers: a verdict, an error code or isError; its reason codes)
-    "sql: 'id IN (' x 9300, no ')'": (I, ['sql_kind_matches', 'where_not_plain']),
+    "sql: 'id IN (' x 9300, no ')'": (I, ['sql_kind_matches', 'sql_table_mismatch', 'where_not_plain']),
     'api_call: 600 claimed x 70k request URLs': (C, ['status_matches_claim', 'target_mismatch']),
     'api_call: 600 claimed x 55k URLs in a url list': (C, ['status_matches_claim', 'target_mismatch']),
     'generic: 32 stated keys x 60k members': (C, ['explicit_value_conflict']),
@@ -1161,7 +1162,7 @@ ADVERSARIAL_ANSWERS = {  # label -> (what the service answers: a verdict, an err
     'generic: 8 KiB claim of states x 60k keys': (C, ['state_matches', 'state_conflict']),
     'generic: 7 KiB of state words, then 32 keys': (V, ['state_matches']),
     'generic: status keys under nests': (C, ['explicit_value_conflict', 'outcome_conflict']),
-    'db_op: 64 KiB SQL of OR terms': (I, ['sql_kind_matches', 'where_not_plain']),
+    'db_op: 64 KiB SQL of OR terms': (I, ['sql_kind_matches', 'sql_table_mismatch', 'where_not_plain']),
     'api_call: 1 MiB JSON text body': (V, ['status_matches_claim', 'body_matches_claim']),
     'api_call: 1 MiB plain text body': (V, ['status_matches_claim', 'body_matches_claim']),
     'api_call: 700 claimed ids x 66k ids in the request': (C, ['target_mismatch']),
@@ -1194,6 +1195,26 @@ ADVERSARIAL_ANSWERS = {  # label -> (what the service answers: a verdict, an err
     '70k top-level members': ('unknown_field', None),
     '70k members beside the receipt': ('invalid_request', None),
     'mcp: 60k members beside the evidence': ('isError', None),
+    'code_diff: 52k dotted names of 8 parts, one line': (I, ['path_partly_in_diff', 'action_matches_lines']),
+    'code_diff: dotted names of 8 parts, 58k lines': (I, ['path_partly_in_diff', 'action_matches_lines']),
+    'code_diff: distinct dotted names of 16 parts': (I, ['path_in_diff', 'identifier_not_in_changed_lines']
+     + ['action_matches_lines']),
+    'code_diff: dotted names of 16 parts in the claim': (C, ['identifier_not_in_changed_lines']),
+    'code_diff: long camelCase runs': (I, ['path_in_diff', 'identifier_not_in_changed_lines', 'action_matches_lines']),
+    'code_diff: one camelCase run of 1 MiB': (I, ['path_in_diff', 'identifier_not_in_changed_lines']
+     + ['action_matches_lines']),
+    'generic: camelCase runs in the claim and keys': (I, ['no_signal']),
+    'code_diff: 4,900 files, the claim names 600': (C, ['path_in_diff', 'identifier_not_in_changed_lines']
+     + ['action_matches_lines', 'changes_mostly_elsewhere']),
+    'floats: 45k random below 1e-5': (I, ['no_signal']),
+    'floats: 47k random of every exponent': (I, ['no_signal']),
+    'floats: every exponent, 4 mantissas, signs': (I, ['no_signal']),
+    'floats: 23k objects of a float and a string': (I, ['no_signal']),
+    'generic: status objects nested 28 deep, repeated': (C, ['outcome_conflict']),
+    'api_call: failures nested in lists of results': (C, ['status_matches_claim', 'body_failure']),
+    'generic: 1 MiB of prose': (I, ['no_signal']),
+    'api_call: a text body of 1 MiB of prose': (C, ['status_matches_claim', 'body_failure']),
+    'generic: 8 KiB prose claim, 38k prose values': (I, ['claim_negated']),
 }
 CODE_DIFF = [
     ("Added null check for `user.email` in src/user.py", D_USER, V, ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
@@ -1254,7 +1275,7 @@ DB_OP = [
      V, ["sql_kind_matches", "row_delta_matches"]),
     ("Deleted 3 rows", {"before_count": 10, "after_count": 12}, C, ["row_delta_mismatch", "count_mismatch"]),
     ("Updated the rows", {"before_count": 5, "after_count": 6, "operation": "UPDATE t SET a = 1"}, I, ["sql_kind_matches", "row_delta_mismatch"]),
-    ("Upserted and updated user 5", {"affected_rows": 1, "operation": "INSERT INTO u VALUES (5) ON CONFLICT (id) DO UPDATE SET a = 1"},
+    ("Upserted and updated user 5", {"affected_rows": 1, "operation": "INSERT INTO users VALUES (5) ON CONFLICT (id) DO UPDATE SET a = 1"},
      I, ["sql_identifier_unchecked"]),  # was no_signal: a claimed id the SQL does not compare is no longer ignored
     ("Archived old rows", {"affected_rows": 2, "operation": "DELETE FROM t"}, I, ["no_signal"]),
     # review findings 7, 8 and 11: negation, OR / negated / several statements, and nouns that are not ids
@@ -1442,7 +1463,8 @@ class Rules(unittest.TestCase):
 
     def test_tables_cover_every_reason_code(self):
         seen = set()
-        for table in (CODE_DIFF, DB_OP, FILE_OP, API_CALL, GENERIC) + tuple(CHECK_TABLES.values()):
+        for table in (CODE_DIFF, DB_OP, FILE_OP, API_CALL, GENERIC) + tuple(CHECK_TABLES.values()) + tuple(
+                REDTEAM_TABLES.values()):
             self.assertGreaterEqual(len(table), 4)
             for _, _, _, codes in table:
                 seen.update(codes)
@@ -1734,7 +1756,8 @@ TABLE_DB_OP = [
     ("Updated the email of user 42", rows("UPDATE users SET email = 'x' WHERE id = 42", 1, 10, 10), V,
      UPDATED + ["sql_identifier_matches"]),
     ("Deleted user 42", rows("DELETE FROM sessions WHERE user_id = 42", 5, 10, 5), C,
-     DELETED + ["affected_rows_exceed_claim", "sql_identifier_matches"]),
+     ["sql_kind_matches", "sql_table_mismatch", "row_delta_matches", "affected_rows_consistent",
+      "affected_rows_exceed_claim", "sql_identifier_matches"]),
     # an id another entity's preposition brings in names whose rows, not which: it bounds none
     ("Deleted the sessions of user 42", rows("DELETE FROM sessions WHERE user_id = 42", 5, 10, 5), V,
      DELETED + ["sql_identifier_matches"]),
@@ -1749,7 +1772,9 @@ TABLE_DB_OP = [
     # an identifier keeps its noun
     ("Deleted order 42", rows("DELETE FROM orders WHERE customer_id = 42"), C, DELETED + ["sql_identifier_mismatch"]),
     ("Deleted order 42", rows("DELETE FROM orders WHERE customer_id = 7"), C, DELETED + ["sql_identifier_mismatch"]),
-    ("Deleted order 42", rows("DELETE FROM customers WHERE id = 42"), C, DELETED + ["sql_identifier_mismatch"]),
+    ("Deleted order 42", rows("DELETE FROM customers WHERE id = 42"), C,
+     ["sql_kind_matches", "sql_table_mismatch", "row_delta_matches", "affected_rows_consistent",
+      "sql_identifier_mismatch"]),
     ("Deleted order 42", rows("DELETE FROM orders WHERE id = 42"), V, DELETED + ["sql_identifier_matches"]),
     ("Deleted order 42", rows('DELETE FROM "order" WHERE id = 42'), V, DELETED + ["sql_identifier_matches"]),
     ("Deleted order 42", rows("DELETE FROM order_items WHERE order_id = 42"), V, DELETED + ["sql_identifier_matches"]),
@@ -1851,7 +1876,7 @@ TABLE_CODE_DIFF = [
      ["path_in_diff", "content_words_absent", "action_matches_lines"]),
     ("Added rate limiting to src/api.py",
      one_file("src/api.py", " def handle(request):", '+    raise NotImplementedError("rate limiting")'), I,
-     ["path_in_diff", "content_words_absent", "action_matches_lines"]),
+     ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
     ("Added rate limiting to src/api.py", one_file("src/api.py", " x", '+    """Rate limiting for the API."""'), I,
      ["path_in_diff", "content_words_absent", "changed_lines_not_code"]),
     ("Added rate limiting to src/api.py",
@@ -2084,6 +2109,409 @@ TABLE_FILE_OP = [
 CHECK_TABLES = {"code_diff": TABLE_CODE_DIFF, "db_op": TABLE_DB_OP, "file_op": TABLE_FILE_OP, "api_call": TABLE_API_CALL,
                 "generic": TABLE_GENERIC}
 
+# ---------------------------------------------------------------------------------------------------
+# The red team's false `verified` answers after the rebuild, and 100 more tricks of the same classes and new ones
+# (tense, quantifiers, units, ids in URLs, look-alike characters, paths with '..', case, test files), each beside
+# honest rows that must keep their answer. (claim, evidence, verdict, reason codes in order), as CHECK_TABLES.
+# ---------------------------------------------------------------------------------------------------
+BUILD = {"build": "build_4411", "runner": "runner_a7", "commit": "commit_9f3"}  # three entities a generic claim names
+
+REDTEAM_CODE_DIFF = [
+    ("Added rateLimit to src/user.py", one_file("src/user.py", "+    rateLimit(user)", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added rateLimit to src/user.py", one_file("src/user.py", "+    limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Will add `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("Going to add `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("Plan to add `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("Attempted to add `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("Tried to add `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("I will fix `parse_header` in lib/http.py",
+     one_file("lib/http.py", "-    parse_header(x)", "+    parse_header(x, strict=True)"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("We are going to remove `legacy_auth` from app.py", one_file("app.py", "-legacy_auth()", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("Trying to add `validate_email` to app.py", one_file("app.py", "+validate_email(x)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("Should add `validate_email` to app.py", one_file("app.py", "+validate_email(x)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("About to add `validate_email` to app.py", one_file("app.py", "+validate_email(x)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "claim_not_done"]),
+    ("Added `rate_limit` to src/user.js", one_file("src/user.js", "+  go(); // rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.js", one_file("src/user.js", "+  go(); /* rate_limit(user) */", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.go", one_file("src/user.go", "+\tgo() // rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to db/user.sql", one_file("db/user.sql", "+SELECT 1; -- rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.rb", one_file("src/user.rb", "+  go # rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    x = 1  # rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit = None  # TODO", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py",
+     one_file("src/user.py", "+    def rate_limit(): raise NotImplementedError", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `rate_limit` to src/user.rs", one_file("src/user.rs", "+    fn rate_limit() { todo!() }", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `rate_limit` to src/user.rs",
+     one_file("src/user.rs", "+    fn rate_limit() { unimplemented!() }", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "changed_lines_not_code"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit = 'XXX'", " x"), I,
+     ['path_in_diff', 'identifier_not_in_changed_lines', 'changed_lines_not_code']),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    pass  # FIXME: rate_limit", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added rate limiting to src/user.py", one_file("src/user.py", "+    pass  # rate limiting here", " x"), I,
+     ["path_in_diff", "content_words_absent", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py",
+     one_file("src/user.py", "+    print('rate_limit: not implemented')", " x"), I,
+     ['path_in_diff', 'identifier_not_in_changed_lines', 'changed_lines_not_code']),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_l\u0456mit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/us\u0435r.py", "+    rate_limit(user)", " x"), C,
+     ["path_not_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/../src/user.py", "+    rate_limit(user)", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("evil/../src/user.py", "+    rate_limit(user)", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/User.py", "+    rate_limit(user)", " x"), C,
+     ["path_not_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    RATE_LIMIT(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    Rate_Limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py.orig", "+    rate_limit(user)", " x"), C,
+     ["path_not_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.pyc", "+    rate_limit(user)", " x"), C,
+     ["path_not_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py",
+     one_file("src/user.py", *[" x", "+    pass"]) + one_file("tests/test_user.py", *["+    rate_limit(user)",
+      " x"]), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines", "unnamed_files_changed"]),
+    ("Added `rate_limit`", one_file("tests/test_user.py", "+    rate_limit(user)", " x"), I,
+     ["identifier_in_changed_lines", "action_matches_lines", "changes_only_in_tests"]),
+    ("Added `rate_limit` to user.py", one_file("tests/user.py", "+    rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "changes_only_in_tests"]),
+    ("Removed `check_password` from auth.py",
+     one_file("auth.py", *["-    check_password(user)", " x"]) + one_file("auth2.py",
+      *["+    check_password(user)", " x"]), I,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines", "unnamed_files_changed"]),
+    ("Removed `check_password` from auth.py",
+     one_file("auth.py", "-    check_password(user)", "+    getattr(m, 'check_password')(user)"), C,
+     ['path_in_diff', 'identifier_restored', 'action_matches_lines']),
+    ("Removed `check_password` from auth.py",
+     one_file("auth.py", "-    check_password(user)", "+    m.check_password(user)"), C,
+     ["path_in_diff", "identifier_restored", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)  # see #12", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.js", one_file("src/user.js", "+  rate_limit(user); // 10/s", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py",
+     one_file("src/user.py", "+    url = 'http://x#a'; rate_limit(user)", " x"), V,
+     ['path_in_diff', 'identifier_in_changed_lines', 'action_matches_lines']),
+    ("Added `rate_limit` to src/user.js", one_file("src/user.js", "+  fetch('http://x/'); rate_limit(u);", " x"), V,
+     ['path_in_diff', 'identifier_in_changed_lines', 'action_matches_lines']),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    rate_limit(user)", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Removed `check_password` from auth.py", one_file("auth.py", "-    check_password(user)  # TODO drop", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` and will add tests later to src/user.py",
+     one_file("src/user.py", "+    rate_limit(user)", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    pass  # rate_limit(user)", " x"), I,
+     ["path_in_diff", "identifier_not_in_changed_lines", "action_matches_lines"]),
+    ("Added `rate_limit` to src/user.py", one_file("src/user.py", "+    log('rate_limit not implemented')", " x"), I,
+     ['path_in_diff', 'identifier_not_in_changed_lines', 'changed_lines_not_code']),
+    ("Added `rate_limit` to src/user.py",
+     one_file("src/user.py", "+    rate_limit(user)  # TODO: tune the limit", " x"), V,
+     ["path_in_diff", "identifier_in_changed_lines", "action_matches_lines"]),
+    ("Added tests for `rate_limit`", one_file("tests/test_user.py", "+    assert rate_limit(user)", " x"), V,
+     ["identifier_in_changed_lines", "action_matches_lines"]),
+]
+REDTEAM_DB_OP = [
+    ("Will delete user 42",
+     rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_not_done", "sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
+    ("Going to delete user 42",
+     rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_not_done", "sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
+    ("Tried to delete user 42",
+     rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_not_done", "sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
+    ("Attempted to delete user 42",
+     rows("DELETE FROM users WHERE id = 42"), I,
+     ["claim_not_done", "sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
+    ("Plan to delete 10 stale sessions", rows("DELETE FROM sessions WHERE last_seen < '2024-01-01'", 10, 20, 10), I,
+     ['claim_not_done', 'sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent', 'count_matches']),
+    ("Deleted the cache entry", rows("DELETE FROM users WHERE id=42"), I,
+     ["sql_kind_matches", "sql_table_mismatch", "row_delta_matches", "affected_rows_consistent"]),
+    ("Deleted the cache entry", {"affected_rows": 1, "operation": "DELETE FROM users WHERE id=42"}, I,
+     ["sql_kind_matches", "sql_table_mismatch"]),
+    ("Deleted 10 stale sessions", rows("DELETE FROM users WHERE last_seen < '2024-01-01'", 10, 20, 10), I,
+     ['sql_kind_matches', 'sql_table_mismatch', 'row_delta_matches', 'affected_rows_consistent', 'count_matches']),
+    ("Deleted the expired tokens", rows("DELETE FROM users WHERE id=42"), I,
+     ["sql_kind_matches", "sql_table_mismatch", "row_delta_matches", "affected_rows_consistent"]),
+    ("Deleted user 42's sessions",
+     rows("DELETE FROM users WHERE id = 42"), I,
+     ['sql_kind_matches', 'sql_table_mismatch', 'row_delta_matches', 'affected_rows_consistent',
+      'sql_identifier_matches']),
+    ("Deleted the audit log entry", rows("DELETE FROM payments WHERE id = 7"), I,
+     ["sql_kind_matches", "sql_table_mismatch", "row_delta_matches", "affected_rows_consistent"]),
+    ("Deleted all users", rows("DELETE FROM users WHERE id = 42"), I,
+     ["sql_kind_matches", "sql_where_narrower_than_claim", "row_delta_matches", "affected_rows_consistent"]),
+    ("Deleted every user", rows("DELETE FROM users WHERE id = 42"), I,
+     ["sql_kind_matches", "sql_where_narrower_than_claim", "row_delta_matches", "affected_rows_consistent"]),
+    ("Deleted user 42",
+     rows("WITH x AS (DELETE FROM users RETURNING *) DELETE FROM users WHERE id = 42"), I,
+     ["sql_kind_matches", "sql_multiple_statements", "row_delta_matches", "affected_rows_consistent",
+      "sql_identifier_unchecked"]),
+    ("Deleted user 42",
+     rows("WITH x AS (UPDATE users SET a = 1 RETURNING id) DELETE FROM users WHERE id = 42"), I,
+     ["sql_kind_matches", "sql_multiple_statements", "row_delta_matches", "affected_rows_consistent",
+      "sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND x = y"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND x = \"y\""), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND a.b = c.d"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = '4' '2'"), I,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent', 'where_not_plain']),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42.9"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42e0"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = +42"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id >= 42"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id <> 41"), C,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_mismatch"]),
+    ("Deleted user 42",
+     rows("DELETE FROM us\u0435rs WHERE id = 42"), I,
+     ["sql_kind_matches", "sql_table_mismatch", "row_delta_matches", "affected_rows_consistent",
+      "sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE \u0456d = 42"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = \uff14\uff12"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42", 1, 10, 10), I,
+     ["sql_kind_matches", "row_delta_mismatch", "affected_rows_mismatch", "sql_identifier_matches"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42", 1, 10, 11), I,
+     ["sql_kind_matches", "row_delta_mismatch", "affected_rows_consistent", "sql_identifier_matches"]),
+    ("Deleted user 42", {"affected_rows": 1, "operation": "DELETE FROM users"}, I,
+     ["sql_kind_matches", "sql_identifier_unchecked"]),
+    ("Deleted user 42", {"affected_rows": 1, "operation": "TRUNCATE users"}, I,
+     ["sql_kind_matches", "sql_identifier_unchecked"]),
+    ("Updated user 42's email",
+     rows("UPDATE users SET email = 'x', role = 'admin' WHERE id = 42", 1, 10, 10), I,
+     ['sql_kind_matches', 'sql_sets_unclaimed_columns', 'row_delta_matches', 'affected_rows_consistent',
+      'sql_identifier_matches']),
+    ("Updated the email of user 42",
+     rows("UPDATE accounts SET plan = 'x' WHERE id = 42", 1, 10, 10), C,
+     ['sql_kind_matches', 'sql_table_mismatch', 'row_delta_matches', 'affected_rows_consistent',
+      'sql_identifier_mismatch']),
+    ("Deleted 2 KB of sessions", rows("DELETE FROM sessions", 2, 10, 8), I,
+     ["sql_kind_matches", "sql_table_mismatch", "row_delta_matches", "affected_rows_consistent", "count_matches"]),
+    ("Deleted order 42", rows("DELETE FROM orders WHERE id = 42 /* ok */"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted the user", rows("DELETE FROM users WHERE id=42"), V,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent"]),
+    ("Deleted the cache entry", rows("DELETE FROM cache_entries WHERE key = 'a'"), V,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent']),
+    ("Deleted the cache entry", rows("DELETE FROM cache WHERE key = 'a'"), V,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent']),
+    ("Deleted user 42's sessions", rows("DELETE FROM sessions WHERE user_id = 42", 3, 10, 7), V,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent', 'sql_identifier_matches']),
+    ("Updated the email of user 42", rows("UPDATE users SET email = 'a@b.c' WHERE id = 42", 1, 10, 10), V,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent', 'sql_identifier_matches']),
+    ("Deleted 10 stale sessions", rows("DELETE FROM user_sessions WHERE last_seen < '2024-01-01'", 10, 20, 10), V,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent', 'count_matches']),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42"), V,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
+    ("Inserted a new order", rows("INSERT INTO orders (id) VALUES (5)", 1, 9, 10), V,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent"]),
+    ("Deleted user 42", {"affected_rows": 1, "operation": "DELETE FROM users WHERE id = 42 AND x = y"}, I,
+     ["sql_kind_matches", "where_not_plain"]),
+    ("Deleted the cache entry", {"affected_rows": 1, "operation": "DELETE FROM users WHERE id=42"}, I,
+     ["sql_kind_matches", "sql_table_mismatch"]),
+    ("Deleted the user", {"affected_rows": 1, "operation": "DELETE FROM users WHERE id=42"}, I,
+     ["sql_kind_matches"]),
+    ("Updated user 42's email", rows("UPDATE users SET email = 'x', updated_at = now() WHERE id = 42", 1, 10, 10), V,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent', 'sql_identifier_matches']),
+    ("Deleted all expired sessions", rows("DELETE FROM sessions WHERE expires_at < '2024-01-01'", 4, 10, 6), V,
+     ['sql_kind_matches', 'row_delta_matches', 'affected_rows_consistent']),
+]
+REDTEAM_API_CALL = [
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.com", "bcc": "eve@x.com"}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.com", "cc": ["eve@x.com"]}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Sent the email to bob@x.com",
+     api({"status": "sent"}, 200, {"personalizations": [{"to": [{"email": "bob@x.com"}],
+      "bcc": [{"email": "eve@x.com"}]}]}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.com, eve@x.com"}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": "BOB@X.COM", "Bcc": "eve@x.com"}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"recipients": ["bob@x.com", "eve@evil.com"]}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.com\u200b"}), I,
+     ["status_matches_claim", "body_matches_claim", "target_not_in_request"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.c\u043em"}), C,
+     ["status_matches_claim", "body_matches_claim", "target_mismatch"]),
+    ("Charged customer 78 $5",
+     api({"ok": True}, 200, {"customer_id": 78, "url": "https://api.x.com/customers/79/charge"}), I,
+     ["target_matches", "target_not_claimed"]),
+    ("Charged customer 78",
+     api({"ok": True}, 200, {"url": "https://api.x.com/customers/78/charge", "customer_id": 79}), I,
+     ["target_matches", "target_not_claimed"]),
+    ("Charged customer 78", api({"ok": True}, 200, {"url": "https://api.x.com/customers/78/charge?customer=79"}), I,
+     ["target_matches"]),
+    ("Charged customer 78", api({"ok": True}, 200, {"url": "https://api.x.com/customers/078/charge"}), C,
+     ["target_mismatch"]),
+    ("Posted to https://hooks.x.com/a",
+     api({"ok": True}, 200, {"url": ["https://hooks.x.com/a", "https://evil.com/a"]}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Posted to https://hooks.x.com/a",
+     api({"ok": True}, 200, {"url": "https://hooks.x.com/a", "endpoint": "https://evil.com/a"}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Will send the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.com"}), I,
+     ["target_matches"]),
+    ("Tried to send the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.com"}), I,
+     ["target_matches"]),
+    ("Sent the email to bob@x.com", api("Sent 0 emails", 200, {"to": "bob@x.com"}), C,
+     ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Sent the email to bob@x.com", api({"sent": 0, "status": "ok"}, 200, {"to": "bob@x.com"}), C,
+     ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Sent the email to bob@x.com", api({"status": "ok", "failed": ["bob@x.com"]}, 200, {"to": "bob@x.com"}), C,
+     ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Sent the email to bob@x.com", api({"status": "ok", "rejected": ["bob@x.com"]}, 200, {"to": "bob@x.com"}), C,
+     ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Sent the email to bob@x.com", api({"status": "ok", "bounced": 1}, 200, {"to": "bob@x.com"}), C,
+     ["status_matches_claim", "body_failure", "target_matches"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": "bob@x.com", "from": "alice@x.com"}), V,
+     ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Sent the email to bob@x.com and eve@x.com",
+     api({"status": "sent"}, 200, {"to": "bob@x.com", "cc": "eve@x.com"}), V,
+     ["status_matches_claim", "body_matches_claim", "target_matches"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": ["bob@x.com", "eve@x.com"]}), I,
+     ["status_matches_claim", "body_matches_claim", "target_matches", "target_not_claimed"]),
+    ("Sent the email to bob@x.com", api({"status": "sent"}, 200, {"to": ["bob@x.com"], "bcc": []}), V,
+     ["status_matches_claim", "body_matches_claim", "target_matches"]),
+]
+REDTEAM_FILE_OP = [
+    ("Will create report.txt", {"path": "/tmp/report.txt", "exists_before": False, "exists_after": True}, I,
+     ["claim_not_done", "path_matches", "existence_matches"]),
+    ("Tried to delete /tmp/report.txt", {"path": "/tmp/report.txt", "exists_before": True, "exists_after": False}, I,
+     ["claim_not_done", "path_matches", "existence_matches"]),
+    ("Created report.txt", {"path": "/tmp/rep\u043ert.txt", "exists_before": False, "exists_after": True}, C,
+     ["path_mismatch", "existence_matches"]),
+    ("Created /tmp/report.txt", {"path": "/tmp/../etc/report.txt", "exists_before": False, "exists_after": True}, C,
+     ["path_mismatch", "existence_matches"]),
+    ("Created /tmp/report.txt", {"path": "/tmp/Report.txt", "exists_before": False, "exists_after": True}, C,
+     ["path_mismatch", "existence_matches"]),
+    ("Wrote 2 MB to out.bin",
+     {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 2000}, C,
+     ["path_matches", "existence_matches", "size_mismatch"]),
+    ("Wrote 2 MiB to out.bin",
+     {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 2000000}, I,
+     ["path_matches", "existence_matches", "size_off"]),
+    ("Wrote 2 KB to out.bin",
+     {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 2048000}, C,
+     ["path_matches", "existence_matches", "size_mismatch"]),
+    ("Wrote 100 lines to out.txt",
+     {"path": "out.txt", "exists_before": False, "exists_after": True, "line_count": 100000}, C,
+     ["path_matches", "existence_matches", "line_count_mismatch"]),
+    ("Wrote 1,000 lines to out.txt",
+     {"path": "out.txt", "exists_before": False, "exists_after": True, "line_count": 1}, C,
+     ["path_matches", "existence_matches", "line_count_mismatch"]),
+    ("Wrote 1.5 KB to out.bin",
+     {"path": "out.bin", "exists_before": False, "exists_after": True, "size_bytes": 15}, C,
+     ["path_matches", "existence_matches", "size_mismatch"]),
+    ("Moved a.txt to b.txt",
+     {"path": "a.txt", "new_path": "c/b.txt.bak", "exists_before": True, "exists_after": True}, C,
+     ["path_mismatch", "existence_matches"]),
+    ("Deleted all files in /tmp/x", {"path": "/tmp/x/a.txt", "exists_before": True, "exists_after": False}, C,
+     ["path_mismatch", "existence_matches"]),
+    ("Created report.txt", {"path": "/tmp/report.txt", "exists_before": False, "exists_after": True}, V,
+     ["path_matches", "existence_matches"]),
+]
+REDTEAM_GENERIC = [
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, counts={"Error": 2}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, summary={"failure": 1}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, stats={"fail": 3}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, totals={"FAILING": 3}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, counts={"failed": "2"}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, summary={"errors": 1, "passed": 10}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, stats={"fails": 1}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3",
+     dict(BUILD, counts={"failures": 1, "nested": {"x": 1}}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, passed=0, total_tests=5), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, passed=0, totalTests=5), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, tests={"passed": 0, "count": 9}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, Status="FAILED"), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, result={"outcome": "Failure"}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, counts={"errored": 1}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, summary={"num_failed": 2}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, failed_tests=["t1"]), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, failures=[{"name": "t1"}]), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Will deploy svc_alpha v_12 region_eu", {"svc": "svc_alpha", "v": "v_12", "r": "region_eu"}, I,
+     ["entities_match", "claim_not_done"]),
+    ("Going to deploy svc_alpha v_12 region_eu", {"svc": "svc_alpha", "v": "v_12", "r": "region_eu"}, I,
+     ["entities_match", "claim_not_done"]),
+    ("Tried to deploy svc_alpha v_12 region_eu", {"svc": "svc_alpha", "v": "v_12", "r": "region_eu"}, I,
+     ["entities_match", "claim_not_done"]),
+    ("Attempted to deploy svc_alpha v_12 region_eu", {"svc": "svc_alpha", "v": "v_12", "r": "region_eu"}, I,
+     ["entities_match", "claim_not_done"]),
+    ("All tests passed for build_4411 runner_a7 commit_9f3", dict(BUILD, passed=9, total=10), C,
+     ["entities_match", "not_all_passed"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, conclusion="timed_out"), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3",
+     dict(BUILD, summary={"skipped": 10, "passed": 0, "total": 10}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, counts={"errors": 0, "passed": 10}), V,
+     ["entities_match"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, summary={"passed": 10, "total": 10}), V,
+     ["entities_match"]),
+    ("Deployed svc_alpha v_12 region_eu", {"svc": "svc_alpha", "v": "v_12", "r": "region_eu"}, V,
+     ["entities_match"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, counts={"error": 2}), C,
+     ["entities_match", "outcome_conflict"]),
+    ("Tests passed for build_4411 on runner_a7 at commit_9f3", dict(BUILD, counts={"error": 0, "passed": 12}), V,
+     ["entities_match"]),
+    ("All tests passed for build_4411 runner_a7 commit_9f3", dict(BUILD, passed=10, total=10), V,
+     ["entities_match"]),
+]
+REDTEAM_TABLES = {"code_diff": REDTEAM_CODE_DIFF, "db_op": REDTEAM_DB_OP, "file_op": REDTEAM_FILE_OP,
+                  "api_call": REDTEAM_API_CALL, "generic": REDTEAM_GENERIC}
+
 
 def judged(kind, claim, evidence):
     """(verdict, reason codes) of a table case, its kind named."""
@@ -2096,7 +2524,7 @@ def every_case():
     exact too) and those above."""
     older = {"code_diff": CODE_DIFF, "db_op": DB_OP, "file_op": FILE_OP, "api_call": API_CALL, "generic": GENERIC}
     for kind in va.KINDS:
-        for claim, evidence, verdict, codes in older[kind] + CHECK_TABLES[kind]:
+        for claim, evidence, verdict, codes in older[kind] + CHECK_TABLES[kind] + REDTEAM_TABLES[kind]:
             yield kind, claim, evidence, verdict, codes
 
 
@@ -2423,7 +2851,142 @@ class SqlWhere(unittest.TestCase):
         finally:
             va.where_shape = real
         self.assertEqual(judge("Deleted user 5", {"affected_rows": 1, "operation": unclosed}),
-                         (I, ["sql_kind_matches", "where_not_plain"]))
+                         (I, ["sql_kind_matches", "sql_table_mismatch", "where_not_plain"]))
+
+
+class RedTeamFacts(unittest.TestCase):
+    """The facts the red-team fixes read: comments after code by language, placeholder lines, paths with '.' and
+    '..', the columns an UPDATE sets, a claim's object noun and its tense; and what /spec and the page say."""
+
+    def test_comments_after_code_by_language(self):
+        cases = [  # (path, line, the code left)
+            ("a.py", "x = 1  # rate_limit(user)", "x = 1  "),
+            ("a.py", "url = 'http://x#a'  # c", "url = 'http://x#a'  "),
+            ("a.py", 'say("it\'s # not")  # c', 'say("it\'s # not")  '),
+            ("a.py", 'say("a\\"b # c")', 'say("a\\"b # c")'),  # an escaped quote is read inside the string
+            ("a.py", "x = a // b", "x = a // b"),  # '//' is division in Python
+            ("a.js", "go(); // rate_limit(u)", "go(); "),
+            ("a.js", "go(); /* rate_limit(u) */ done();", "go();  done();"),
+            ("a.js", "fetch('http://x/'); go(); /* open", "fetch('http://x/'); go(); "),
+            ("a.js", "this.#count = 1;", "this.#count = 1;"),  # '#' is no comment in JavaScript
+            ("a.c", "x--; // y", "x--; "),
+            ("q.sql", "SELECT 1; -- rate_limit", "SELECT 1; "),
+            ("q.sql", "SELECT 'a -- b'", "SELECT 'a -- b'"),
+            ("Makefile", "all: x # y", "all: x "),
+            ("a.unknownext", "x = 1 # y // z -- w", "x = 1 # y // z -- w"),  # an unknown language keeps its line
+        ]
+        for path, line, code in cases:
+            self.assertEqual(va._comment_free(line, path), "\n" + code, (path, line))
+
+    def test_a_line_that_holds_a_placeholder_is_no_support_but_still_code(self):
+        lines = "\n".join(["log('rate_limit not implemented')", "x = 1", "todo!()", "y = 'XXX'", "xxxl = 2",
+                           "rate_limit(u)  # TODO: tune"])
+        self.assertEqual(va._code_text(lines, "a.py").split("\n"), ["", "x = 1", "xxxl = 2", "rate_limit(u)  "])
+        self.assertEqual(va._comment_free(lines, "a.py").split("\n"),
+                         ["", "log('rate_limit not ", "x = 1", "", "y = '", "xxxl = 2", "rate_limit(u)  "])
+        self.assertEqual(va._code_text("a\nb TODO\nc", "a.py"), "\na\nc")
+        self.assertEqual(va._code_text("TODO\nTODO x\nc TODO", "a.py"), "")
+
+    def test_paths_with_dots_are_read_resolved_and_never_above_their_start(self):
+        self.assertEqual(va._normal_path("src/../src/./user.py"), "src/user.py")
+        self.assertEqual(va._normal_path("a//b/"), "a/b")
+        self.assertIsNone(va._normal_path("lib/../../src/user.py"))
+        index = va._path_index([{"old": "lib/../../src/user.py", "new": "x/./y.py"}])
+        self.assertEqual(sorted(index), ["lib/../../src/user.py", "x/y.py", "y.py"])
+
+    def test_the_columns_an_update_sets(self):
+        f = va._set_columns
+        self.assertEqual(f("UPDATE users SET email = 'x', role = 'admin' WHERE id = 42"), {"email", "role"})
+        self.assertEqual(f("UPDATE t SET u.a = f(1, 2), b = (SELECT c FROM d) WHERE e = 1"), {"a", "b"})
+        self.assertEqual(f("update t set a=1"), {"a"})
+        self.assertEqual(f("DELETE FROM t"), set())
+        self.assertTrue(va._bookkeeping("updated_at") and va._bookkeeping("version"))
+        self.assertFalse(va._bookkeeping("role"))
+
+    def test_the_object_of_a_db_verb(self):
+        cases = [
+            ("Deleted the cache entry", {"cache", "cacheentry"}),
+            ("Deleted user 42's sessions", {"session"}),
+            ("Deleted the user's sessions", {"session"}),
+            ("Deleted 10 stale sessions", {"stale", "session", "stalesession"}),
+            ("Deleted the rows", set()),
+            ("Deleted ids 7 and 9", set()),
+            ("Deleted order_id 42", {"order", "orderid"}),
+            ("Cleared the CacheEntries table", {"cacheentry", "cacheentriestable"}),
+            ("No verb here", set()),
+        ]
+        for claim, forms in cases:
+            self.assertEqual(va.db_op_claim(claim).objects, forms, claim)
+        self.assertEqual(va._name_forms("cache_entries"), {"cacheentry", "cache", "entry"})
+
+    def test_intended_or_attempted_actions_are_not_done(self):
+        low = "we are going to add x".split()
+        self.assertTrue(va._not_done_at(low, 4))
+        self.assertFalse(va._not_done_at(low, 2))  # 'going' is not 'going to' before 'are'
+        for claim in ("Will add x", "Tried to add x", "Plan to add x", "Attempted to add x", "Should add x"):
+            self.assertTrue(va.code_diff_claim(claim, {}).not_done, claim)
+        for claim in ("Added x that will run", "Added x; going to test later", "Plan added"):
+            self.assertFalse(va.code_diff_claim(claim, {}).not_done, claim)
+
+    def test_jcs_sorts_plainly_only_where_code_point_order_is_utf16_order(self):
+        # _jcs sorts ASCII keys by code point, any other by UTF-16 code units: both against ref_jcs on random values
+        rng = __import__("random").Random(29)
+        chars = ["a", "B", "~", "\x7f", "\u00e9", "\ue000", "\uffff", "\U00010000", "\U0001f600", "0", "_"]
+
+        def value(depth):
+            if depth > 3 or rng.random() < 0.3:
+                return rng.choice(["s\u00e9", 1, -2.5, 1e-7, None, True, False, 2 ** 60, 1.5e16, ""])
+            if rng.random() < 0.3:
+                return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+            keys = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(0, 6))]
+            return {key: value(depth + 1) for key in keys}
+        for _ in range(3000):
+            v = value(0)
+            self.assertEqual(va._jcs(v), ref_jcs(v), v)
+        ascii_keys = {"b": 1, "a": 2, "_": 3, "B": 4, "~": 5, "": 6}
+        self.assertEqual(va._sorted_keys(ascii_keys), sorted(ascii_keys, key=utf16_units))
+        self.assertEqual(va._sorted_keys({"\uffff": 1, "\U00010000": 2}), ["\U00010000", "\uffff"])
+        self.assertRaises(TypeError, va._jcs, {1, 2})
+
+    def test_claim_directed_urls_and_ids_answer_as_reading_every_one(self):
+        # _wanted_urls and _token_rows read fewer URLs and tokens; the targets' results and target_not_claimed's
+        # count must be those of reading every URL and token, on random requests
+        rng = __import__("random").Random(31)
+        bits = ["http://", "https://", "a", "B", "/", "7", "78", " ", "\n", "customer", "customers", "s", "?", "#",
+                ":", "80", "@", "[", "]", "x", "//", "\u0130", "id", "=", "customer_id"]
+        claimed = ["http://a/7", "http://b/", "https://a", "http://x/c"]
+        for _ in range(20000):
+            text = "".join(rng.choice(bits) for _ in range(rng.randint(0, 16)))
+            ids = {(rng.choice(["customer", "order", "s", "user"]), str(rng.randint(0, 99)))}
+            urls = {va._url(rng.choice(claimed))}
+            claim = va.ApiClaim(None, set(), urls, ids)
+            every_url = va._urls_in(text)
+            every_row = va._id_rows(va._tokens(text)) | va._path_rows(every_url)
+            got = va._request_targets(text, (set(), urls, ids))
+            want_results = va._target_results(claim, set(), every_url, every_row)
+            got_results = va._target_results(claim, *got)
+            self.assertEqual(got_results, want_results, (text, ids, urls))
+            if "mismatch" not in want_results:
+                self.assertEqual(va._unclaimed(claim, *got), va._unclaimed(claim, set(), every_url, every_row),
+                                 (text, ids, urls))
+        fixed = [  # (request, claimed ids, claimed URLs, the results): a path's first segment of digits, '//N'
+            ("http://a/78 http://b/c", {("customer", "78")}, set(), ["match"]),
+            ("http://a:80/78", {("customer", "78")}, set(), ["match"]),
+            ("http://a//78", {("customer", "78")}, set(), ["match"]),
+            ("http://a/customers/78", {("customer", "78")}, {("b", "")}, ["mismatch", "match"]),
+            ("http://a/orders/78", {("customer", "78")}, set(), ["absent"]),
+        ]
+        for text, ids, urls, results in fixed:
+            claim = va.ApiClaim(None, set(), urls, ids)
+            self.assertEqual(va._target_results(claim, *va._request_targets(text, (set(), urls, ids))), results, text)
+
+    def test_spec_lists_the_connection_limits_and_the_page_says_effect(self):
+        connections = va.spec_document("off")["connections"]
+        self.assertEqual(connections["max_conns"], va.MAX_CONNS)
+        self.assertEqual(connections["max_conns_per_client_default"], 64)
+        self.assertEqual(connections["write_deadline_seconds"], va.WRITE_DEADLINE)
+        self.assertIn("<th>code<th>kind<th>effect<th>meaning", va._PAGE)
+        self.assertNotIn("<th>signal", va._PAGE)
 
 
 class CodeText(unittest.TestCase):
@@ -2439,14 +3002,14 @@ class CodeText(unittest.TestCase):
             ("a.c", ["#include <x.h>", "#define A 1", "#  if X", "# comment", "#[derive(Debug)]", "*p = 1;",
                      " * doc", " */", "--i;", "-- sql comment", ";;lisp", ";(f)();", "int x; // c"],
              ["#include <x.h>", "#define A 1", "#  if X", "#[derive(Debug)]", "*p = 1;", "--i;", ";(f)();",
-              "int x; // c"]),
+              "int x; "]),
             ("a.py", ["# if x:", "#include y", "  # define z", "#[w]", "x = 1"], ["x = 1"]),  # '#' is a comment
             ("a.rs", ["#[derive(Debug)]", "# x"], ["#[derive(Debug)]"]),
             ("Makefile", ["# if x", "all: x"], ["all: x"]),
             ("a.js", ["/* a", " * b */ code()", "/** one */", "<!-- c", "-->", "kept"], [" code()", "kept"]),
             ("a.py", ["x = f()  # TODO: later", "raise NotImplementedError('y')", "todo_list = 1", "FIXME", "TBD:",
                       "# tbd", "unimplemented!()", "done = 1"],
-             ["x = f()  # ", "raise Not", "todo_list = 1", "", "", "", "un", "done = 1"]),
+             ["x = f()  ", "todo_list = 1", "done = 1"]),
             ("README.md", ["# Usage", "* item", "-- a note", "TODO: more", "Text"], ["# Usage", "* item", "-- a note",
                                                                                     "", "Text"]),
             ("notes.TXT", ["# heading"], ["# heading"]),
@@ -2465,15 +3028,17 @@ class CodeText(unittest.TestCase):
 
     def test_placeholders_are_cut_where_the_lower_case_copy_is(self):
         # characters whose lower case is longer (\u0130) must not move the cut
-        text = "\u0130\u0130 = 1  # TODO \u0130\n\u0130x = 2 # fixme\nok = '\u0130'"
-        self.assertEqual(va._code_text(text, "a.py"), "\n\u0130\u0130 = 1  # \n\u0130x = 2 # \nok = '\u0130'")
+        text = "\u0130\u0130 = todo\n\u0130x = 2 or fixme\nok = '\u0130'"
+        self.assertEqual(va._comment_free(text, "a.py"), "\n\u0130\u0130 = \n\u0130x = 2 or \nok = '\u0130'")
+        self.assertEqual(va._code_text(text, "a.py"), "\nok = '\u0130'")
 
 
 def word_by_word(body):
     """A text body's outcome as spec section 10 states it, read word by word (the reference for _text_outcome): a
     failure word counts unless 'no', 'none', 'nothing', 'without', 'zero' or '0' stands right before it or '0' right
-    after it (each word pairs once, from the left); a success word a negation or 'no' governs (within three words
-    before it, in its sentence) is a failure; else any success word is a success."""
+    after it (each word pairs once, from the left); a success word a negation, 'no' or '0' governs (within three
+    words before it, in its sentence), or with '0' right after it, is a failure; else any success word is a
+    success."""
     words = re.findall(r"[a-z0-9_']+|[.!?;\n]", body.lower().replace("\u2019", "'"))
     kind = [va._BODY_CLASSES.get(word, "w") for word in words]
     kind = ["." if word in ("!", "?", ";", "\n") else k for word, k in zip(words, kind)]
@@ -2488,7 +3053,9 @@ def word_by_word(body):
         before = kind[max(0, i - 3) : i]
         if k == "F":
             return "failure"
-        if k == "S" and any(b in "NZ" and "." not in before[j:] for j, b in enumerate(before)):
+        if k == "S" and any(b in "NZ0" and "." not in before[j:] for j, b in enumerate(before)):
+            return "failure"
+        if k == "S" and kind[i + 1 : i + 2] == ["0"]:
             return "failure"
     return "success" if "S" in kind else None
 

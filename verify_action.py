@@ -282,23 +282,42 @@ def _utf16_order(key):
     return key.encode("utf-16-be", "surrogatepass")
 
 
+def _sorted_keys(obj):
+    """An object's keys in RFC 8785 order (UTF-16 code units). Code point order is that order where no key holds a
+    character above U+FFFF, and plainly so where every key is ASCII: sorted() then needs no sort key."""
+    if "".join(obj).isascii():
+        return sorted(obj)
+    return sorted(obj, key=_utf16_order)
+
+
+def _jcs_object(obj):
+    """The RFC 8785 text of an object (dict), its keys sorted by UTF-16 code units."""
+    members = [_encode_str(key) + ":" + _jcs(obj[key]) for key in _sorted_keys(obj)]
+    return "{" + ",".join(members) + "}"
+
+
 def _jcs(v):
     """The RFC 8785 text of a JSON value, in pure Python."""
-    if isinstance(v, str):
+    kind = type(v)
+    if kind is str:
         return _encode_str(v)
+    if kind is dict:
+        return _jcs_object(v)
+    if kind is list:
+        return "[" + ",".join(map(_jcs, v)) + "]"
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return _es_number(v)
+    if isinstance(v, str):
+        return _encode_str(v)
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(map(_jcs, v)) + "]"
-    if not isinstance(v, dict):
-        raise TypeError("not a JSON value: %s" % type(v).__name__)
-    keys = sorted(v, key=_utf16_order)
-    members = [_encode_str(key) + ":" + _jcs(v[key]) for key in keys]
-    return "{" + ",".join(members) + "}"
+    if isinstance(v, dict):
+        return _jcs_object(v)
+    raise TypeError("not a JSON value: %s" % type(v).__name__)
 
 
 # ---- key order ---------------------------------------------------------------------------------------------
@@ -519,6 +538,12 @@ def claim_is_negated(claim, evidence):
     return claim.negated
 
 
+def claim_is_not_done(claim, evidence):
+    """The claim states its action as intended or attempted, not done (will add, going to add, plan to, tried to,
+    attempted to): whatever the evidence shows, it cannot be verified."""
+    return claim.not_done
+
+
 def claim_has_conflicting_verbs(claim, evidence):
     """The claim names actions that contradict each other (deleted and inserted)."""
     return claim.conflicting
@@ -662,7 +687,7 @@ def _tokens(text):
 
 def _lower(tokens):
     """The tokens in lower case."""
-    return [token.lower() for token in tokens]
+    return list(map(str.lower, tokens))
 
 
 def _words(text):
@@ -725,9 +750,9 @@ def _identifier(tok, explicit=False):
     parts = tok.split(".")
     if not all(map(_name_part, parts)):
         return None
-    if len(parts) > 1:
+    if len(parts) > 1:  # 'e.g' is no identifier unless backticked: `x.y` is one
         longest = max(map(len, parts))
-        return tok if longest > 1 else None
+        return tok if longest > 1 or explicit else None
     if explicit or _camel(tok) or "_" in tok.strip("_"):
         return tok
     return None
@@ -809,7 +834,7 @@ def _singular(noun):
 
 def _unprefixed(token):
     """token without a leading './'."""
-    if token.startswith("./"):
+    if token[:2] == "./":
         return token[2:]
     return token
 
@@ -857,7 +882,8 @@ def _id_rows(toks):
 
 class ClaimedId(collections.namedtuple("ClaimedId", "noun value introduced")):
     """An id a claim names: noun ('' for a bare id=N, id N or #N; 'user' for user N or user_id N), value (its digits
-    without leading zeros), introduced (the preposition before it: 'sessions of user 42'; '' when none)."""
+    without leading zeros), introduced (the preposition before it: 'sessions of user 42'; "'s" for a possessive:
+    'user 42's sessions'; '' when none)."""
 
     __slots__ = ()
 
@@ -921,6 +947,8 @@ def _claimed_ids(low):
         noun, value, read = at
         before = low[i - 1] if i else ""
         introduced = before if before in _PREPOSITIONS else ""
+        if _at(low, i + read) == "s":  # user 42's sessions: the id names whose rows, as 'of user 42' does
+            introduced = "'s"
         listed, i = _listed_values(low, i + read)
         found += [ClaimedId(noun, each, introduced) for each in [value] + listed]
     return list(dict.fromkeys(found))
@@ -944,10 +972,29 @@ def _reversed(low):
     return not _REVERSAL_PAIRS.isdisjoint(pairs)
 
 
-class Actions(collections.namedtuple("Actions", "classes negated")):
-    """The action classes a claim's verbs name (a verb that a negation governs left out), and whether its action is
+# Words that put an action in the future or make it only an attempt: 'will add', 'going to add', 'plan to',
+# 'tried to', 'attempted to'. A claim of one states no action done.
+_NOT_DONE = _word_set("will shall gonna should must might")
+_INTENDED = _word_set("going plan plans planned planning attempt attempts attempted attempting try tries tried trying "
+                      "intend intends intended want wants wanted need needs about aim aims hope hopes")
+
+
+def _not_done_at(low, i):
+    """Whether the action at token i is only intended or attempted: will, shall, or going/plan/tried/attempted... to
+    within three tokens before it."""
+    start = max(0, i - 3)
+    for at in range(start, i):
+        word = low[at]
+        if word in _NOT_DONE or word in _INTENDED and _at(low, at + 1) == "to":
+            return True
+    return False
+
+
+class Actions(collections.namedtuple("Actions", "classes negated not_done first")):
+    """The action classes a claim's verbs name (a verb that a negation governs left out); whether its action is
     negated or reversed: its first verb negated ('did not delete'; 'added X without changing Y' is not), or a
-    reversal word anywhere (skipped, reverted...)."""
+    reversal word anywhere (skipped, reverted...); whether its first verb is only intended or attempted (will add,
+    tried to add: _not_done_at); and the position of its first verb (None without one)."""
 
     __slots__ = ()
 
@@ -958,7 +1005,9 @@ def _actions(low, verbs):
     found = [(verbs[low[i]], _negated_at(low, i)) for i in positions]
     classes = frozenset(cls for cls, negated in found if not negated)
     first_negated = bool(found) and found[0][1]
-    return Actions(classes, first_negated or _reversed(low))
+    first = positions[0] if positions else None
+    not_done = first is not None and _not_done_at(low, first)
+    return Actions(classes, first_negated or _reversed(low), not_done, first)
 
 
 _COUNT_FILLERS = ("the", "all", "exactly", "only")  # words between a verb and its count: 'removed all 3'
@@ -1275,10 +1324,34 @@ _TBD = re.compile(r"(tbd(?<![a-z0-9_]tbd)(?![a-z0-9_])[^\n]*)")
 _NOT_IMPLEMENTED = re.compile(
     r"(implemented(?:(?<=not implemented)|(?<=not yet implemented)|(?<=notimplemented)|(?<=unimplemented))[^\n]*)"
 )
-_PLACEHOLDERS = (("todo", _TODO), ("fixme", _FIXME), ("tbd", _TBD), ("implemented", _NOT_IMPLEMENTED))
+_XXX = re.compile(r"(xxx(?<![a-z0-9_]xxx)(?![a-z0-9_])[^\n]*)")
+_PLACEHOLDERS = (("todo", _TODO), ("fixme", _FIXME), ("tbd", _TBD), ("xxx", _XXX), ("implemented", _NOT_IMPLEMENTED))
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every length
 # files of prose, whose every line is content (a '# Heading' in README.md is no comment)
 _PROSE = frozenset("md markdown rst txt adoc org".split())
+# Trailing comments after code on a line, by the marker the file's language uses; a file without an extension
+# (Makefile, Dockerfile) takes '#'. Where a language has none of these, the line is kept whole.
+_HASH_TRAILING = frozenset("py pyi pyw rb sh bash zsh ksh fish pl pm r yaml yml toml cfg ini conf tf ps1 cmake mk "
+                           "nix ex exs jl cr coffee".split())
+_SLASH_TRAILING = frozenset("c h cc cpp cxx hpp hh hxx c++ h++ ipp inl cu cuh m mm cs java kt kts scala go rs swift "
+                            "js jsx ts tsx mjs cjs php dart groovy gradle proto zig sol ino fs fsx vue svelte".split())
+_DASH_TRAILING = frozenset("sql lua hs elm ada psql".split())
+_IN_STRINGS = r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'"  # a quoted string on one line, its escapes read
+
+
+def _trailing_comment(marker):
+    """A pattern for the comment that marker starts after code on a line (outside quoted strings): group 1 is what
+    comes before it, from the line's newline. Its alternatives start with different characters, so it backtracks
+    over each character of a line once at most."""
+    first = re.escape(marker[0])
+    lone = ""
+    if len(marker) > 1:  # the marker's first character alone is code ('/' of a division, '-' of a subtraction)
+        lone = "|%s(?!%s)" % (first, re.escape(marker[1:]))
+    return re.compile(r"(\n(?:[^'\"%s\n]%s|%s)*)%s[^\n]*" % (first, lone, _IN_STRINGS, re.escape(marker)))
+
+
+_INLINE_BLOCK = re.compile(r"/\*[^\n]*?(?:\*/|(?=\n)|\Z)")  # /* ... */ within a line, or from /* to its end
+_TRAILING = {"#": _trailing_comment("#"), "//": _trailing_comment("//"), "--": _trailing_comment("--")}
 # bytes that are no part of a code token ([A-Za-z0-9_.]+) -> ' '
 _CODE_BYTES = b"_.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _NOT_CODE_CHARS = bytes(byte if byte in _CODE_BYTES else 32 for byte in range(256))
@@ -1327,8 +1400,7 @@ def _cut(text, low, pattern):
 
 
 def _without_placeholders(text):
-    """text without each placeholder (TODO, FIXME, not implemented...) and the rest of its line: what says the work
-    is not done is no support, though the code before it on its line is."""
+    """text without each placeholder (TODO, FIXME, not implemented...) and the rest of its line."""
     low = text.translate(_ASCII_LOWER)
     for word, pattern in _PLACEHOLDERS:
         if word in low:
@@ -1336,27 +1408,94 @@ def _without_placeholders(text):
     return text
 
 
-def _is_prose(path):
-    """Whether path is a file of prose (README.md, notes.txt): none of its lines is a comment."""
-    return path.rpartition(".")[2].lower() in _PROSE
+def _cut_lines(text, low, pattern):
+    """(text, low) without each whole line (a newline before each) where pattern matches low (text in ASCII lower
+    case, of the same length). Each search starts past the last line cut, so each character is read once."""
+    kept = []
+    at = 0
+    match = pattern.search(low)
+    while match is not None:
+        start = low.rfind("\n", at, match.start())
+        kept.append((at, start))
+        end = low.find("\n", match.end())
+        at = len(low) if end < 0 else end
+        match = pattern.search(low, at)
+    kept.append((at, len(low)))
+    text_kept = [text[start:end] for start, end in kept]
+    low_kept = [low[start:end] for start, end in kept]
+    return "".join(text_kept), "".join(low_kept)
 
 
-def _comment_line(path):
-    """The pattern of a whole comment line in the file at path (see _COMMENT_LINE)."""
-    if path.rpartition(".")[2].lower() in _HASH_CODE:
-        return _C_COMMENT_LINE
-    return _COMMENT_LINE
+def _without_placeholder_lines(text):
+    """text (a newline before each line) without the lines that hold a placeholder (TODO, FIXME, XXX, TBD, not
+    implemented, NotImplementedError, unimplemented!, todo!()): a line that says its work is not done is no support
+    for an add, check or fix, not even the code before the placeholder."""
+    low = text.translate(_ASCII_LOWER)
+    for word, pattern in _PLACEHOLDERS:
+        if word in low:
+            text, low = _cut_lines(text, low, pattern)
+    return text
+
+
+def _extension(path):
+    """The extension of the file at path, in lower case ('' for none: Makefile)."""
+    name = path.rpartition("/")[2]
+    if "." not in name:
+        return ""
+    return name.rpartition(".")[2].lower()
+
+
+def _trailing_markers(extension):
+    """The markers of trailing comments in the language of a file's extension (see _HASH_TRAILING)."""
+    if extension in _SLASH_TRAILING:
+        return ("/*", "//")
+    if extension in _HASH_TRAILING or not extension:
+        return ("#",)
+    if extension in _DASH_TRAILING:
+        return ("/*", "--")
+    return ()
+
+
+def _without_trailing_comments(text, extension):
+    """text (a newline before each line) without the comments after code on its lines, in the language of a file's
+    extension."""
+    for marker in _trailing_markers(extension):
+        if marker not in text:
+            continue
+        if marker == "/*":
+            text = _INLINE_BLOCK.sub("", text)
+        else:
+            text = _TRAILING[marker].sub(r"\1", text)
+    return text
+
+
+def _without_comments(text, path):
+    """text (a file's added or removed lines), a newline before each line: unless the file is prose (README.md,
+    notes.txt: none of its lines is a comment), without comments (whole lines, blocks and the comments after code),
+    docstrings and string-only lines. '#' lines are code in the languages of _HASH_CODE (see _COMMENT_LINE)."""
+    text = "\n" + text
+    extension = _extension(path)
+    if extension in _PROSE:
+        return text
+    comment_line = _C_COMMENT_LINE if extension in _HASH_CODE else _COMMENT_LINE
+    text = comment_line.sub("\n", _without_blocks(text))
+    return _without_trailing_comments(text, extension)
+
+
+def _comment_free(text, path):
+    """What a file's lines (text) still hold as code: without comments (see _without_comments), and without each
+    placeholder (TODO, not implemented) and the rest of its line."""
+    if not text:
+        return ""
+    return _without_placeholders(_without_comments(text, path))
 
 
 def _code_text(text, path):
-    """The code of text (a file's added or removed lines): without placeholders (TODO, not implemented) and the rest
-    of their lines and, unless the file is prose, without comments, docstrings and string-only lines."""
+    """The code of a file's lines (text) that supports an add, check or fix: without comments (see
+    _without_comments), and without every line that holds a placeholder."""
     if not text:
         return ""
-    text = "\n" + text
-    if not _is_prose(path):
-        text = _comment_line(path).sub("\n", _without_blocks(text))
-    return _without_placeholders(text)
+    return _without_placeholder_lines(_without_comments(text, path))
 
 
 def _code_forms(text):
@@ -1413,12 +1552,40 @@ def _suffixes(path):
     return ["/".join(parts[k:]) for k in starts]
 
 
+def _normal_path(path):
+    """path with its '.' and 'x/..' components resolved (and no empty ones), or None when it climbs above its start
+    ('../x', 'a/../../x')."""
+    parts = []
+    for part in path.split("/"):
+        if part == ".." and not parts:
+            return None
+        if part == "..":
+            parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    return "/".join(parts)
+
+
+def _indexed_path(path):
+    """The path whose suffixes index a diff path: itself, or resolved when it has '.' or '..' components; a path
+    that climbs above its start is indexed only whole (no claimed suffix names a file outside the tree)."""
+    if "/." not in "/" + path:
+        return path, True
+    normal = _normal_path(path)
+    if normal is None:
+        return path, False
+    return normal, True
+
+
 def _path_index(files):
-    """Every whole-component suffix (of up to 16 components) of every path in the diff -> the numbers of its files."""
+    """Every whole-component suffix (of up to 16 components) of every path in the diff -> the numbers of its files
+    (see _indexed_path)."""
     index = {}
     for number, file in enumerate(files):
         for path in {file["old"], file["new"]} - {"", "/dev/null"}:
-            for suffix in _suffixes(path):
+            indexed, by_suffix = _indexed_path(path)
+            suffixes = _suffixes(indexed) if by_suffix else [indexed]
+            for suffix in suffixes:
                 index.setdefault(suffix, set()).add(number)
     return index
 
@@ -1447,11 +1614,14 @@ def read_diff(text):
     return Diff(files, changed, spans, _path_index(files))
 
 
-class CodeClaim(collections.namedtuple("CodeClaim", "actions negated paths identifiers words removed_paths")):
+class CodeClaim(collections.namedtuple("CodeClaim",
+                                         "actions negated paths identifiers words removed_paths not_done tests")):
     """A code_diff claim: actions (add, check, fix, modify, remove: the classes of its verbs, those a negation
-    governs left out), negated, paths (those it names, as written), identifiers (backticked, dotted, snake or camel
-    case; never part of a path), words (content words: at least 4 letters, no stopword or verb), removed_paths (the
-    files a remove verb names as its object: 'Removed old_api.py', 'Deleted the file x.py')."""
+    governs left out), negated, not_done (its action only intended or attempted: will add, tried to), paths (those
+    it names, as written), identifiers (backticked, dotted, snake or camel case; never part of a path), words
+    (content words: at least 4 letters, no stopword or verb), removed_paths (the files a remove verb names as its
+    object: 'Removed old_api.py', 'Deleted the file x.py'), tests (it speaks of
+    tests: test, tests, spec, a test file's path)."""
 
     __slots__ = ()
 
@@ -1460,13 +1630,21 @@ def _term(token, index, backticked):
     """What a claim token is: 'path' (a file of the diff, or path-like), 'identifier', 'word' (content) or None.
     Letters alone are no path, email or URL."""
     name = _unprefixed(token)
-    if name in index or not token.isalpha() and _pathish(name):
+    if name in index:
         return "path"
-    named = token.isalpha() or not (_email(token) or _url(token))
-    if named and _identifier(token, token in backticked):
+    if token.isalpha():  # as _identifier reads a word: backticked or camelCase, and ASCII
+        named = token in backticked or not token.islower() and _camel(token)
+        if named and token.isascii():
+            return "identifier"
+        if len(token) >= 4 and token.lower() not in _NOT_CONTENT:
+            return "word"
+        return None
+    if _pathish(name):
+        return "path"
+    if _email(token) or _url(token):
+        return None
+    if _identifier(token, token in backticked):
         return "identifier"
-    if token.isalpha() and len(token) >= 4 and token.lower() not in _NOT_CONTENT:
-        return "word"
     return None
 
 
@@ -1493,23 +1671,39 @@ def _backticked(claim):
     return set(_tokens(" ".join(spans)))
 
 
+# What makes a claim speak of tests, and the paths of test files: in a test directory, or named test_x, x_test,
+# x.test.js, x.spec.ts, XTest.java, XTests.cs.
+_TEST_WORDS = _word_set("test tests tested testing spec specs unittest unittests")
+_TEST_PATH = re.compile(r"(?:^|/)(?:tests?|specs?|__tests__|testing|testdata)/|(?:^|/)test_[^/]*$|_test\.[^/]*$"
+                        r"|\.(?:test|spec)\.[^/]*$|[a-z0-9](?:Test|Tests|Spec)\.[^/]*$")
+
+
 def code_diff_claim(claim, index):
     """The CodeClaim of a claim, its paths recognised against the diff's index. Paths are taken first, so old_api.py
     is a path, never an identifier; any backticked word is an identifier."""
     toks, low = _words(claim)
     actions = _actions(low, _CODE_VERBS)
     backticked = _backticked(claim)
-    terms = [(_term(token, index, backticked), token) for token in toks]
-    paths = [_unprefixed(token) for term, token in terms if term == "path"]
-    identifiers = sorted({token for term, token in terms if term == "identifier"})
-    words = [token.lower() for term, token in terms if term == "word"]
+    paths = []
+    named = set()
+    words = []
+    for token in toks:
+        term = _term(token, index, backticked)
+        if term == "path":
+            paths.append(_unprefixed(token))
+        elif term == "identifier":
+            named.add(token)
+        elif term == "word":
+            words.append(token.lower())
+    identifiers = sorted(named)
     removed = _removed_paths(toks, low, index)
-    return CodeClaim(actions.classes, actions.negated, paths, identifiers, words, removed)
+    tests = not _TEST_WORDS.isdisjoint(low) or any(map(_TEST_PATH.search, paths))
+    return CodeClaim(actions.classes, actions.negated, paths, identifiers, words, removed, actions.not_done, tests)
 
 
 class DiffFacts(collections.namedtuple(
         "DiffFacts", "files paths_found paths_missing named elsewhere total moved identifiers_missing "
-                     "identifiers_back identifiers_restored words_found deleted_named deleted_missing")):
+                     "identifiers_back identifiers_restored words_found deleted_named deleted_missing tests_only")):
     """What a diff shows about a claim's names. files: files changed; paths_found, paths_missing: the claim's paths
     in the diff and not; named: the files they name; elsewhere, total: changed lines in the other files and in all;
     moved: each claimed action -> 'code' (its lines are there as code), 'other' (only as comments, blank lines,
@@ -1517,7 +1711,8 @@ class DiffFacts(collections.namedtuple(
     identifiers_back, identifiers_restored (remove claims): removed identifiers some of whose removed occurrences come
     back in added code of the same file, and all of them; words_found: a content word is in those lines (read when
     the claim names no identifier);
-    deleted_named, deleted_missing: the files a remove verb names that the diff deletes, and not."""
+    deleted_named, deleted_missing: the files a remove verb names that the diff deletes, and not; tests_only: every
+    file of the scope (the named files, else all) that has changed lines is a test file (see _TEST_PATH)."""
 
     __slots__ = ()
 
@@ -1546,21 +1741,33 @@ def _scope(diff, named):
     return range(len(diff.files))
 
 
-def _file_texts(diff, number, code):
-    """sign -> (all lines, code lines) of that sign in file number, one a line, without their signs; the code lines
-    are '' unless code (a claim that only modifies or only removes never reads them)."""
+def _file_texts(diff, number, supports, presents):
+    """sign -> (all lines, code lines that support an add, check or fix, code lines) of that sign in file number, one
+    a line, without their signs (see _code_text and _comment_free). The code lines are read only for the signs in
+    supports and in presents (the signs a claim reads them for), else ''."""
     lines = "\n".join(diff.lines(number))
     path = diff.path(number)
     file = diff.files[number]
     texts = {}
     for sign, others in (("+", file["removed"]), ("-", file["added"])):
         every = _signed_text(lines, sign) if others else _unsigned(lines, sign)  # all of one sign: no search
-        texts[sign] = (every, _code_text(every, path) if code else "")
+        support = _code_text(every, path) if sign in supports else ""
+        present = _comment_free(every, path) if sign in presents else ""
+        texts[sign] = (every, support, present)
     return texts
 
 
+def _code_signs(claim):
+    """(the signs whose code lines support the claim, the signs whose code a remove claim reads for what comes
+    back): see _needed_text, _moved and _removals."""
+    supports = _needed_signs(claim.actions) if _needs_code(claim) else ""
+    presents = "+" if claim.actions == {"remove"} else ""
+    return supports, presents
+
+
 def _joined(texts, sign, which):
-    """The lines of one sign of all the files' texts (see _file_texts): which 0 for all of them, 1 for code."""
+    """The lines of one sign of all the files' texts (see _file_texts): which 0 for all of them, 1 for the code that
+    supports an add, check or fix, 2 for all code."""
     return "\n".join(text[sign][which] for text in texts)
 
 
@@ -1599,7 +1806,7 @@ def _comes_back(name, texts):
         if name not in text["-"][0]:
             continue
         removed = len(pattern.findall(text["-"][0]))
-        added = len(pattern.findall(text["+"][1]))
+        added = len(pattern.findall(text["+"][2]))
         removing += removed > 0
         some += removed > 0 and added > 0
         every += removed > 0 and added >= removed
@@ -1632,9 +1839,19 @@ def _deletions(diff, claim):
     return deleted, missing
 
 
-def _sum_of(files, key):
-    """The sum of one count (added, removed) over files."""
-    return sum(file[key] for file in files)
+def _changed(file):
+    """Whether a file of a diff has added or removed lines."""
+    return file["added"] + file["removed"] > 0
+
+
+def _line_totals(files):
+    """{'+': lines added, '-': lines removed} over files, in one pass."""
+    added = 0
+    removed = 0
+    for file in files:
+        added += file["added"]
+        removed += file["removed"]
+    return {"+": added, "-": removed}
 
 
 def _needed_text(claim, texts):
@@ -1651,12 +1868,13 @@ def code_diff_facts(diff, claim):
     named = set().union(*(diff.index[path] for path in found))
     scope = _scope(diff, named)
     in_scope = [diff.files[number] for number in scope]
-    total = _sum_of(diff.files, "added") + _sum_of(diff.files, "removed")
-    counts = {"+": _sum_of(in_scope, "added"), "-": _sum_of(in_scope, "removed")}
+    totals = _line_totals(diff.files)
+    counts = _line_totals(in_scope) if named else totals
+    total = totals["+"] + totals["-"]
     here = counts["+"] + counts["-"]
-    reads_code = _needs_code(claim) or claim.actions == {"remove"}
-    reads_lines = reads_code or claim.identifiers or claim.words
-    texts = [_file_texts(diff, number, reads_code) for number in scope] if reads_lines else []
+    supports, presents = _code_signs(claim)
+    reads_lines = supports or presents or claim.identifiers or claim.words
+    texts = [_file_texts(diff, number, supports, presents) for number in scope] if reads_lines else []
     code = {sign: _joined(texts, sign, 1) for sign in "+-"}
     otherwise = _status_change(in_scope)
     moved = {action: _moved(action, counts, code, otherwise) for action in claim.actions}
@@ -1670,8 +1888,10 @@ def code_diff_facts(diff, claim):
     paths_missing = len(claim.paths) - paths_found
     named_files = len(named)
     elsewhere = total - here
+    changed_paths = [diff.path(number) for number in scope if _changed(diff.files[number])]
+    tests_only = bool(changed_paths) and all(map(_TEST_PATH.search, changed_paths))
     return DiffFacts(files, paths_found, paths_missing, named_files, elsewhere, total, moved, missing, back, restored,
-                     words_found, deleted, not_deleted)
+                     words_found, deleted, not_deleted, tests_only)
 
 
 # The checks: each a reason code's rule over (CodeClaim, DiffFacts).
@@ -1768,6 +1988,13 @@ def unnamed_files_changed(claim, facts):
     return _others_changed(facts) and 2 * facts.elsewhere <= facts.total
 
 
+def changes_only_in_tests(claim, facts):
+    """An add, check or fix claim that does not speak of tests is carried only by test files: every file of its
+    scope with changed lines is a test file (tests/, test_x.py, x_test.go, x.spec.ts...)."""
+    code_claim = not _CODE_ACTIONS.isdisjoint(claim.actions)
+    return code_claim and not claim.tests and facts.tests_only
+
+
 def changes_mostly_elsewhere(claim, facts):
     """The claim names files, and more than half of the changed lines are in files it does not name."""
     return _others_changed(facts) and 2 * facts.elsewhere > facts.total
@@ -1789,8 +2016,10 @@ CODE_DIFF_CHECKS = (
     (removed_files_deleted, "file_deleted", POSITIVE),
     (removed_file_not_deleted, "file_not_deleted", NEGATIVE),
     (claim_is_negated, "claim_negated", NEGATIVE),
+    (claim_is_not_done, "claim_not_done", NEGATIVE),
     (unnamed_files_changed, "unnamed_files_changed", NEGATIVE),
     (changes_mostly_elsewhere, "changes_mostly_elsewhere", CRITICAL),
+    (changes_only_in_tests, "changes_only_in_tests", NEGATIVE),
 )
 
 
@@ -1806,16 +2035,15 @@ def _code_diff_details(diff, claimed):
     """details of a code_diff judgement: the first 100 files, the counts, and what the claim names."""
     files = [_public(file) for file in diff.files[:100]]
     changed = len(diff.files)
-    added = _sum_of(diff.files, "added")
-    removed = _sum_of(diff.files, "removed")
+    totals = _line_totals(diff.files)
     paths = claimed.paths[:50]
     identifiers = claimed.identifiers[:50]
     actions = sorted(claimed.actions)
     details = {
         "files": files,
         "files_changed": changed,
-        "lines_added": added,
-        "lines_removed": removed,
+        "lines_added": totals["+"],
+        "lines_removed": totals["-"],
         "claimed_paths": paths,
         "identifiers": identifiers,
         "actions": actions,
@@ -2207,11 +2435,16 @@ def _first_statement(tokens):
     return tokens[start:end], bool(rest)
 
 
+_SQL_WRITES = frozenset(keyword for keyword, kind in _SQL_KINDS.items() if kind != "read")
+
+
 def sql_facts(sql):
-    """The SqlFacts of an SQL operation (its first statement; comments before it are skipped)."""
+    """The SqlFacts of an SQL operation (its first statement; comments before it are skipped). A WITH clause that
+    writes (WITH x AS (DELETE ... RETURNING *) ...) is a statement of its own."""
     statement, more = _first_statement(sql_tokens(sql))
     upper = list(map(str.upper, statement))
     at = _kind_keyword(upper)
+    more = more or not _SQL_WRITES.isdisjoint(upper[:at])
     kind = _statement_kind(upper, at)
     if kind is None:
         return _NO_SQL._replace(statements=1 + more)
@@ -2226,12 +2459,84 @@ def sql_facts(sql):
 _WHERE_KINDS = ("read", "update", "delete")  # the statements whose WHERE clause confirms ids
 
 
-class DbClaim(collections.namedtuple("DbClaim", "action writes conflicting negated count ids")):
+class DbClaim(collections.namedtuple("DbClaim", "action writes conflicting negated count ids not_done objects "
+                                                "every words")):
     """A db_op claim: action (its one action class: delete, insert, update or read; None), writes (its write
     classes), conflicting (more than one write class), negated, count (the number after its verb: 'deleted 10
-    rows'), ids (ClaimedId, each once)."""
+    rows'), ids (ClaimedId, each once), not_done (its action only intended or attempted: will delete, tried to),
+    objects (the forms of the noun its verb acts on, see _object_forms; empty when it names none), every (its verb
+    acts on all, every or each of a thing: 'deleted all users'), words (its tokens in lower case)."""
 
     __slots__ = ()
+
+
+# The noun phrase a db_op verb acts on ('the cache entry', 'stale sessions', 'user 42's sessions') ends at one of
+# these words, a number or an id; words of no one table ('rows', 'entries') name no object of their own.
+_OBJECT_ENDS = _PREPOSITIONS | _word_set("to into onto where with without and or but because so that which who whose "
+                                         "since after before on at as via than then if when while whom")
+_GENERIC_OBJECTS = _word_set("row rows record records entry entries item items data datum one ones it them everything "
+                             "thing things value values object objects element elements stuff table tables id ids")
+_OBJECT_WORD = re.compile(r"[a-z][a-z_]*")
+
+
+def _name_forms(name):
+    """The forms under which a table or column name may meet a claimed object: itself singular and without '_', and
+    each of its snake_case parts singular ('cache_entries': cacheentry, cache, entry)."""
+    forms = {_singular(part) for part in name.split("_") if part}
+    forms.add(_singular(name).replace("_", ""))
+    return forms
+
+
+def _object_phrase(low, verb):
+    """The words of the noun phrase after the verb at low[verb]: stopwords and counts before it skipped, a
+    possessive restarting it ('user 42's sessions', 'the user's sessions': sessions)."""
+    words = []
+    i = verb + 1
+    while i < len(low):
+        word = low[i]
+        possessive = _at(low, i + 1) == "s"
+        if word == "s" and words:  # the user's sessions
+            words = []
+        elif _id_value(word) and possessive:  # user 42's sessions
+            words = []
+            i += 1
+        elif word in _OBJECT_ENDS or word in _ALL_VERBS or words and _id_value(word):
+            break
+        elif _OBJECT_WORD.fullmatch(word) and word not in _STOP:
+            words.append(word)
+        elif words:
+            break
+        i += 1
+    return words
+
+
+_EVERY = _word_set("all every each")
+
+
+def _quantified(low, verb):
+    """Whether the verb at low[verb] acts on all, every or each of a thing ('deleted all users', 'removed all the
+    sessions'); False without a verb."""
+    if verb is None:
+        return False
+    return not _EVERY.isdisjoint(low[verb + 1 : verb + 3])
+
+
+def _object_forms(low, verb):
+    """The forms under which a table may name the object of the verb at low[verb] (None: no verb): the forms of each
+    word of its noun phrase (see _name_forms) but the generic ones (row, entry, id), and the whole phrase joined
+    ('cache entry': cacheentry). Empty when every word is generic or the phrase is empty."""
+    if verb is None:
+        return frozenset()
+    phrase = _object_phrase(low, verb)
+    nouns = [word for word in phrase if word not in _GENERIC_OBJECTS]
+    if not nouns:
+        return frozenset()
+    forms = set()
+    for word in nouns:
+        forms.update(_name_forms(word))
+    joined = "".join(phrase[:-1]) + _singular(phrase[-1])
+    forms.add(joined.replace("_", ""))
+    return frozenset(forms - _GENERIC_OBJECTS)
 
 
 def _db_action(classes):
@@ -2253,11 +2558,14 @@ def db_op_claim(claim):
     action = _db_action(actions.classes)
     conflicting = len(writes) > 1
     ids = _claimed_ids(low)
-    return DbClaim(action, writes, conflicting, actions.negated, count, ids)
+    objects = _object_forms(low, actions.first)
+    every = _quantified(low, actions.first)
+    return DbClaim(action, writes, conflicting, actions.negated, count, ids, actions.not_done, objects, every,
+                   frozenset(low))
 
 
 class DbFacts(collections.namedtuple("DbFacts", "sql kind delta affected reached counts ids_where matched "
-                                                "mismatched unconfirmed rows_pinned")):
+                                                "mismatched unconfirmed rows_pinned object_fits sets_unclaimed")):
     """What the evidence says about a db_op claim. sql: SqlFacts; kind: the SQL statement's kind when it gives a
     direction (MERGE, UPSERT and REPLACE do not); delta: after_count - before_count (None unless both); affected:
     affected_rows; reached: the most rows the operation reached (affected_rows or |delta|); counts: the row counts a
@@ -2265,7 +2573,10 @@ class DbFacts(collections.namedtuple("DbFacts", "sql kind delta affected reached
     judges the claim's ids ('none', 'plain', 'not plain'; None when the claim names none or the statement has no
     WHERE to judge them by); matched, mismatched, unconfirmed: how many claimed ids a plain WHERE pins under their
     noun, contradicts, or neither (see _id_state); rows_pinned: the distinct claimed ids that name the rows written
-    (see _pins_rows)."""
+    (see _pins_rows); object_fits: whether the statement's table is the noun the claim's verb acts on (for an
+    update, a column of the statement may be: 'column'), None when the claim names no such noun or the table is
+    unknown; sets_unclaimed: when the claim's noun is a column the update sets, how many other columns it sets that
+    the claim does not name (bookkeeping columns such as updated_at aside)."""
 
     __slots__ = ()
 
@@ -2342,6 +2653,62 @@ def _ids_where(claim, sql):
     return sql.where
 
 
+def _object_fits(claim, sql, columns):
+    """Whether the table of the statement is the object of the claim's verb (True), or for an update one of the
+    columns it sets ('column'); None when either is unknown (see DbFacts)."""
+    if not claim.objects or sql.table is None:
+        return None
+    if not claim.objects.isdisjoint(_name_forms(sql.table)):
+        return True
+    if sql.kind != "update":
+        return False
+    return "column" if any(not claim.objects.isdisjoint(_name_forms(name)) for name in columns) else False
+
+
+_SET_END = frozenset(["WHERE", "FROM", "RETURNING", "ORDER", "LIMIT"])  # what ends an UPDATE's SET list
+# columns an update may set beside the ones a claim names: when and by whom a row changed, its version
+_BOOKKEEPING = _word_set("version lock_version revision etag modified updated last_modified last_updated")
+
+
+def _set_columns(operation):
+    """The names of the columns the SET list of an UPDATE's first statement assigns ('SET a = 1, t.b = 2': a, b)."""
+    tokens = _first_statement(sql_tokens(operation))[0]
+    upper = list(map(str.upper, tokens))
+    at = _index(upper, "SET", 0) + 1
+    columns = set()
+    depth = 0
+    expecting = True  # a column's name comes first, and after each ',' of the list
+    while at < len(tokens):
+        token = upper[at]
+        depth += (token == "(") - (token == ")")
+        if depth == 0 and token in _SET_END:
+            break
+        name, after = _qualified_name(tokens, at) if depth == 0 and expecting else (None, at)
+        if name is not None:
+            columns.add(name[1])
+            at = after
+            expecting = False
+            continue
+        expecting = depth == 0 and token == ","
+        at += 1
+    return columns
+
+
+def _bookkeeping(column):
+    """Whether a column only records when, by whom or in which version a row changed (updated_at, modified_by)."""
+    return column in _BOOKKEEPING or column.endswith(("_at", "_on", "_by"))
+
+
+def _sets_unclaimed(claim, columns):
+    """How many of the columns an update sets are neither named by the claim (in any of its words' forms) nor
+    bookkeeping."""
+    named = set()
+    for word in claim.words:
+        named.update(_name_forms(word))
+    unnamed = [column for column in columns if named.isdisjoint(_name_forms(column)) and not _bookkeeping(column)]
+    return len(unnamed)
+
+
 def _direction(sql):
     """The SQL statement's kind, if it gives a direction (MERGE, UPSERT and REPLACE do not), else None."""
     if sql.kind == "merge":
@@ -2371,8 +2738,11 @@ def db_op_facts(ev, claim):
     mismatched = states.count("mismatched")
     unconfirmed = states.count("unconfirmed")
     rows_pinned = len(pinned)
+    columns = _set_columns(operation) if claim.objects and sql.kind == "update" else set()
+    object_fits = _object_fits(claim, sql, columns)
+    sets_unclaimed = _sets_unclaimed(claim, columns) if object_fits == "column" else 0
     return DbFacts(sql, direction, delta, affected, reached, counts, ids_where, matched, mismatched, unconfirmed,
-                   rows_pinned)
+                   rows_pinned, object_fits, sets_unclaimed)
 
 
 # The checks: each a reason code's rule over (DbClaim, DbFacts).
@@ -2460,6 +2830,27 @@ def rows_exceed_ids(claim, facts):
     return facts.rows_pinned and facts.reached > facts.rows_pinned
 
 
+def table_not_claimed(claim, facts):
+    """The claim names the thing its verb acts on ('the cache entry', 'stale sessions'), and the statement's table
+    is not it under any form (singular or plural, snake_case parts, the words joined): 'Deleted the cache entry'
+    against DELETE FROM users. For an update, a column of the statement may be the thing ('the email of user 42')."""
+    return facts.object_fits is False
+
+
+def sets_unclaimed_columns(claim, facts):
+    """The claim names the column it updated ('updated user 42's email'), and the statement also sets others it
+    does not name (role = 'admin'); when, by whom and in which version a row changed (updated_at, modified_by,
+    version) aside. One signal a column."""
+    return facts.sets_unclaimed
+
+
+def all_claimed_but_pinned(claim, facts):
+    """The claim's verb acts on all, every or each of a thing ('deleted all users'), but the WHERE clause pins ids
+    (id = 42): the statement reached only the rows it names."""
+    pinned = [pin for pin in facts.sql.pins if pin[2] == "="]
+    return claim.every and bool(pinned)
+
+
 def where_not_plain(claim, facts):
     """The claim names ids, but the WHERE clause is not a conjunction (AND) of simple predicates (column = literal,
     IN, IS NULL, BETWEEN, comparisons): OR, NOT, XOR, ||, chained comparisons, LIKE, functions, arithmetic,
@@ -2490,10 +2881,14 @@ def ids_unchecked(claim, facts):
 DB_OP_CHECKS = (
     (claim_has_conflicting_verbs, "conflicting_verbs", NEGATIVE),
     (claim_is_negated, "claim_negated", NEGATIVE),
+    (claim_is_not_done, "claim_not_done", NEGATIVE),
     (sql_kind_matches, "sql_kind_matches", POSITIVE),
     (sql_kind_differs, "sql_kind_mismatch", NEGATIVE),
     (sql_kind_conflicts, "sql_kind_conflicts", CRITICAL),
     (several_statements, "sql_multiple_statements", NEGATIVE),
+    (table_not_claimed, "sql_table_mismatch", NEGATIVE),
+    (sets_unclaimed_columns, "sql_sets_unclaimed_columns", NEGATIVE),
+    (all_claimed_but_pinned, "sql_where_narrower_than_claim", NEGATIVE),
     (row_delta_fits, "row_delta_matches", POSITIVE),
     (row_delta_differs, "row_delta_mismatch", NEGATIVE),
     (affected_rows_zero, "affected_rows_zero", NEGATIVE),
@@ -2574,8 +2969,9 @@ def _quantity(low, i):
     return None
 
 
-class FileClaim(collections.namedtuple("FileClaim", "action conflicting negated tokens lines sizes")):
+class FileClaim(collections.namedtuple("FileClaim", "action conflicting negated tokens lines sizes not_done")):
     """A file_op claim: action (create, write, delete, rename, modify; None), conflicting (two actions), negated,
+    not_done (its action only intended or attempted),
     tokens (its tokens, for its paths), lines and sizes (the totals it states, in lines and bytes; a quantity after
     a verb, 'removed 3 lines', is a change, not a total)."""
 
@@ -2614,7 +3010,7 @@ def file_op_claim(claim):
     totals = [found for i, found in quantities if i - 1 not in edits]
     lines = [value for unit, value in totals if unit == "lines"]
     sizes = [value for unit, value in totals if unit == "bytes"]
-    return FileClaim(action, len(classes) > 1, actions.negated, toks, lines, sizes)
+    return FileClaim(action, len(classes) > 1, actions.negated, toks, lines, sizes, actions.not_done)
 
 
 class FileFacts(collections.namedtuple("FileFacts", "paths path_state new_path_missing end_ok start_ok "
@@ -2769,6 +3165,7 @@ def size_far(claim, facts):
 FILE_OP_CHECKS = (
     (claim_has_conflicting_verbs, "conflicting_verbs", NEGATIVE),
     (claim_is_negated, "claim_negated", NEGATIVE),
+    (claim_is_not_done, "claim_not_done", NEGATIVE),
     (paths_match, "path_matches", POSITIVE),
     (path_differs, "path_mismatch", CRITICAL),
     (no_path_named, "path_not_named", NEGATIVE),
@@ -2809,7 +3206,7 @@ def judge_file_op(claim, ev, ev_json=None):
 # ---- §3.5 api_call -----------------------------------------------------------------------------------------
 
 _URL_KEYS = frozenset(["url", "uri", "endpoint", "href"])  # request fields that hold the target URL
-_EMAIL_KEYS = frozenset(["to", "recipient", "recipients", "email", "cc"])  # request fields that hold recipients
+_EMAIL_KEYS = frozenset(["to", "recipient", "recipients", "email", "cc", "bcc"])  # request fields of recipients
 # (key, value text) of every member, at any depth, valued a scalar or a flat list in json.dumps text: one C pass
 _MEMBER = re.compile(r'(?<!\\)"([^"\\]{1,64})": ("[^"\\]*(?:\\.[^"\\]*)*"|\[[^\[\]{}]*\]|[^,{}\[\]"]*)')
 # A path's segment and the next, when that is a number (paths one a line). A segment is tried only where one starts:
@@ -2844,7 +3241,8 @@ _BODY_WORDS = {"S": _BODY_SUCCESS, "F": _BODY_FAILURE, "N": _BODY_NEGATION, "Z":
                ".": {"."}}  # class -> its words
 _BODY_CLASSES = {word: cls for cls, words in _BODY_WORDS.items() for word in words}
 _NO_FAILURE = re.compile(r"[Z0]F|F0")  # 'no errors', '0 failed', 'failed: 0' report no failure
-_GOVERNED_SUCCESS = re.compile(r"[NZ][^.]{0,2}S")  # a success word within three words after a negation, in a sentence
+# a success word within three words after a negation or a zero, in a sentence; or right before a zero ('Sent: 0')
+_GOVERNED_SUCCESS = re.compile(r"[NZ0][^.]{0,2}S|S0")
 # In a JSON body's compact text, in lower case, at any depth: a status, state, result, outcome or conclusion valued
 # a failure word; ok or success false; an error that is not null, false, "", 0, [] or {}, or errors that are not
 # empty; a status code of 400-599. And the marks of success.
@@ -2855,6 +3253,9 @@ _JSON_FAILURE = re.compile(
     _OUTCOME_KEYS + '"(?:%s)"' % _FAILED
     + r'|"(?:ok|success)":false|"errors?":(?!null|false|""|0[,}\]]|\[\]|\{\})'
     + r'|"(?:status|status_code|statuscode)":[45][0-9][0-9][,}\]]'
+    + r'|"(?:sent|delivered|accepted|succeeded|sent_count|delivered_count|success_count)":(?:0|false)[,}\]]'
+    + r'|"(?:failed|failures|rejected|bounced|undeliverable|failed_recipients|rejected_recipients)"'
+    + r':(?!null|false|""|0[,}\]]|\[\]|\{\})'
 )
 _JSON_SUCCESS = re.compile(_OUTCOME_KEYS + '"(?:%s)"|"(?:ok|success)":true' % _SUCCEEDED)
 
@@ -2868,9 +3269,9 @@ def _body_words(text):
 
 def _text_outcome(text):
     """'failure', 'success' or None for a text body: a failure word (failed, error, rejected, bounced, refused,
-    denied, quota exceeded...) unless a 'no' or 0 stands beside it, or a success word that a negation governs in its
-    sentence (not, never, no, could not, cannot, unable to, n't ... within three words before it), is a failure;
-    else a success word is a success."""
+    denied, quota exceeded...) unless a 'no' or 0 stands beside it, or a success word that a negation or a zero
+    governs in its sentence (not, never, no, could not, cannot, unable to, n't, 0 ... within three words before it;
+    or 0 right after it: 'Sent 0 emails', 'delivered: 0'), is a failure; else a success word is a success."""
     words = _body_words(text)
     classes = "".join(map(_BODY_CLASSES.get, words, itertools.repeat("w")))
     classes = _NO_FAILURE.sub("ww", classes)
@@ -2881,7 +3282,8 @@ def _text_outcome(text):
 
 def _json_outcome(value):
     """'failure', 'success' or None for a JSON body (an object or a list), read at every depth: any failure mark
-    (_JSON_FAILURE) is a failure; else any success mark is a success."""
+    (_JSON_FAILURE; also a count of sent or delivered of 0, and failed, rejected or bounced recipients) is a failure;
+    else any success mark is a success."""
     text = _json_text(value).lower()
     if _JSON_FAILURE.search(text):
         return "failure"
@@ -2903,12 +3305,20 @@ def _body_outcome(body):
     return None
 
 
-def _path_rows(urls):
-    """The id rows ('customers_id', '78') that URLs' paths name (/customers/78), all the paths at once. Lower-cased
-    once joined: a line break, like '/', ends a word as the path's end does, so each segment comes out as str.lower
-    gives it alone (even a final sigma)."""
+def _path_id_pattern(segments):
+    """_PATH_ID for the segments given only (a search then skips, in C, every path segment that is none of them)."""
+    names = "|".join(map(re.escape, sorted(segments)))
+    return re.compile(r"(?<![^/\n])(%s)/(?=([0-9]{1,18})(?:[/\n]|\Z))" % names)
+
+
+def _path_rows(urls, segments=None):
+    """The id rows ('customers_id', '78') that URLs' paths name (/customers/78), all the paths at once; only those of
+    the given segment names (customers), or of every one for None. Lower-cased once joined: a line break, like '/',
+    ends a word as the path's end does, so each segment comes out as str.lower gives it alone (even a final
+    sigma)."""
     paths = "\n".join(_column(urls, 1))
-    pairs = _PATH_ID.findall(paths.lower())
+    pattern = _PATH_ID if segments is None else _path_id_pattern(segments)
+    pairs = pattern.findall(paths.lower())
     names = map(operator.add, _column(pairs, 0), itertools.repeat("_id"))
     return set(zip(names, _column(pairs, 1)))
 
@@ -2946,18 +3356,94 @@ def _request_targets(request, wanted):
     want_emails, want_urls, want_ids = map(bool, wanted)
     if isinstance(request, str):
         emails_text = urls_text = request
-        rows = _id_rows(_tokens(request)) if want_ids else set()
+        rows = _token_rows(request, wanted[2]) if want_ids else set()
     else:
         lows, texts, keys = _member_texts(request)
         # the values of the email and URL fields ('Eve <eve@x.com>'), joined by spaces, which no email or URL spans
         emails_text = _values_of(texts, lows, _EMAIL_KEYS)
         urls_text = _values_of(texts, lows, _URL_KEYS)
         rows = _member_rows(lows, texts, keys)
-    urls = _urls_in(urls_text) if want_urls or want_ids else set()
+    urls = _wanted_urls(urls_text, wanted) if want_urls or want_ids else set()
     if want_ids:
-        rows |= _path_rows(urls)
+        rows |= _path_rows(urls, _claimed_segments(wanted[2]))
     emails = _emails_in(emails_text) if want_emails else set()
     return emails, urls, rows
+
+
+def _may_hold_path_ids(text, ids):
+    """Whether a URL in text may have a path id that can meet a claimed id: a claimed segment (see
+    _claimed_segments) then '/' and a digit somewhere in its lower-case text, or for the segment '' a digit after
+    '//' or after a URL's host and '/'; always, for a bare id or a segment that is not ASCII."""
+    segments = _claimed_segments(ids)
+    if segments is None or not "".join(segments).isascii():
+        return True
+    named = sorted(segments - {""})
+    patterns = ["/(?:%s)/[0-9]" % "|".join(map(re.escape, named))] if named else []
+    if "" in segments:  # the segment '' names a path's first segment of digits (/78), or one after '//'
+        patterns += ["//[0-9]", "://[^/?#\\s\"'<>]*/[0-9]"]
+    return re.search("|".join(patterns), text.lower()) is not None
+
+
+def _first_url(text):
+    """{(host, path)} of the first http(s) URL in text that has a host (read as _urls_in reads it), or set()."""
+    for match in _URLS.finditer(text):
+        host, path = match.groups()
+        if host:
+            return {(host.lower(), (path or "").rstrip("/"))}
+    return set()
+
+
+def _wanted_urls(text, wanted):
+    """The URLs of text that the claim's targets (wanted: emails, URLs, ids) can meet, as _urls_in reads them: all of
+    them where a claimed URL's host is in the text (or is not ASCII), or a path may hold an id a claimed one can
+    meet; else none can meet a claimed URL, and the first URL alone says the request has one (target_mismatch).
+    A request can hold 62,000 URLs: none is read when the claim names another host."""
+    if "://" not in text:
+        return set()
+    claimed_urls, claimed_ids = wanted[1], wanted[2]
+    if claimed_ids and _may_hold_path_ids(text, claimed_ids):
+        return _urls_in(text)
+    if not claimed_urls:
+        return set()
+    hosts = [host for host, _ in claimed_urls]
+    if not "".join(hosts).isascii():
+        return _urls_in(text)
+    low = text.lower()
+    if any(host in low for host in hosts):
+        return _urls_in(text)
+    return _first_url(text)
+
+
+def _agreeing_names(ids):
+    """The names of the id rows that can meet the claimed ids ((noun, value)): those that agree with a claimed noun
+    (customer, customers, customer_id... for customer: see _id_names) or with none (id), or None (every name) when
+    the claim names a bare id (#78, id 78)."""
+    nouns = {noun for noun, _ in ids}
+    if "" in nouns:
+        return None
+    return _id_names("").union(*map(_id_names, nouns))
+
+
+def _claimed_segments(ids):
+    """The path segments whose ids can meet the claimed ids (see _agreeing_names), or None for every one."""
+    names = _agreeing_names(ids)
+    if names is None:
+        return None
+    return {name[:-3] for name in names if name.endswith("_id")}
+
+
+def _token_rows(text, ids):
+    """The id rows of a string request's tokens (see _id_rows) that can meet the claimed ids: none without reading
+    its tokens when no name that agrees with a claimed noun (nor '#' or 'id') is in its lower-case text, as a row is
+    a token (its name) and the number after it."""
+    names = _agreeing_names(ids)
+    if names is not None and "".join(names).isascii():
+        low = text.lower()
+        kept = [name for name in names if name and (_ID_NAME.fullmatch(name) or _noun_like(name))]  # as _id_rows
+        kept += ["#", "id"]  # the name '' of #N, id=N and id:N
+        if not any(name in low for name in kept):
+            return set()
+    return _id_rows(_tokens(text))
 
 
 def _id_names(noun):
@@ -3000,10 +3486,12 @@ def api_call_claim(claim):
     return ApiClaim(_intent(low), _emails_in(claim), urls, ids)
 
 
-class ApiFacts(collections.namedtuple("ApiFacts", "status body targets")):
+class ApiFacts(collections.namedtuple("ApiFacts", "status body targets unclaimed")):
     """What api_call evidence says about a claim: status (response_status), body ('success', 'failure' or None: what
     response_body reports), targets (for each email, URL and id the claim names: 'match' when the request's target
-    fields have it, 'mismatch' when they have another of its kind, 'absent' when they have none)."""
+    fields have it, 'mismatch' when they have another of its kind, 'absent' when they have none), unclaimed (how many
+    targets of a kind the claim names the request has beside them, which the claim does not name: see
+    _unclaimed)."""
 
     __slots__ = ()
 
@@ -3031,6 +3519,25 @@ def _target_results(claim, emails, urls, rows):
     return results
 
 
+def _unclaimed(claim, emails, urls, rows):
+    """How many of the request's targets the claim does not name, among the kinds it names: other addresses (to, cc,
+    bcc...), other URLs (a claimed bare host names every path on it), other ids under a noun the claim names with
+    its id (customer 78 beside customer_id 79)."""
+    others = len(emails - claim.emails) if claim.emails else 0
+    if claim.urls:
+        other_urls = urls - claim.urls
+        hosts = {host for host, path in claim.urls if not path}
+        if hosts:
+            other_urls = [url for url in other_urls if url[0] not in hosts]
+        others += len(other_urls)
+    nouns = {noun for noun, _ in claim.ids} - {""}
+    owner = {name: noun for noun in nouns for name in _id_names(noun)}  # an id row's name -> the noun it holds
+    owned = list(itertools.compress(rows, map(owner.__contains__, _column(rows, 0))))  # in C: up to 100,000 rows
+    claimed_rows = zip(map(owner.__getitem__, _column(owned, 0)), _column(owned, 1))  # (noun, value)
+    other_ids = set(claimed_rows) - set(claim.ids)
+    return others + len(other_ids)
+
+
 def _result(hit, others):
     """'match' for a hit, else 'mismatch' when the request has others of the kind, else 'absent'."""
     if hit:
@@ -3044,8 +3551,9 @@ def api_call_facts(ev, claim):
     request = ev.get("request") or {}
     emails, urls, rows = _request_targets(request, wanted)
     targets = _target_results(claim, emails, urls, rows)
+    unclaimed = 0 if "mismatch" in targets else _unclaimed(claim, emails, urls, rows)  # see target_not_claimed
     body = _body_outcome(ev.get("response_body"))
-    return ApiFacts(ev["response_status"], body, targets)
+    return ApiFacts(ev["response_status"], body, targets, unclaimed)
 
 
 # The checks: each a reason code's rule over (ApiClaim, ApiFacts).
@@ -3102,6 +3610,15 @@ def target_differs(claim, facts):
     return "mismatch" in facts.targets
 
 
+def target_not_claimed(claim, facts):
+    """Beside the targets the claim names, the request sends to others of their kind that it does not name (an
+    address in to, cc or bcc; another URL; another id of the claimed noun): one signal a target. Where a claimed
+    target is missing, target_mismatch says so already."""
+    if "mismatch" in facts.targets:
+        return 0
+    return facts.unclaimed
+
+
 def target_absent(claim, facts):
     """The request has no target field of a kind the claim names (and none names a different one)."""
     return "absent" in facts.targets and "mismatch" not in facts.targets
@@ -3116,6 +3633,7 @@ API_CALL_CHECKS = (
     (body_succeeds, "body_contradicts_failure_claim", NEGATIVE),
     (targets_match, "target_matches", POSITIVE),
     (target_differs, "target_mismatch", CRITICAL),
+    (target_not_claimed, "target_not_claimed", NEGATIVE),
     (target_absent, "target_not_in_request", NEGATIVE),
 )
 
@@ -3176,15 +3694,20 @@ def _value_meanings():
 
 _MEANINGS = _value_meanings()
 # Counters of failures above zero, at any depth of the evidence's canonical text in lower case (failed: 3, errors: 1,
-# a summary's failures: 2), a failed flag, or a list of errors that is not empty.
+# a summary's failures: 2), a failed flag, or a list of errors that is not empty; and in a flat counts, summary,
+# stats or totals object, a failure counter written as a word of its own (error, failure, fail, failing, failed,
+# singular or plural); and keys of failures of some thing (failed_tests, tests_failed, num_failures). The object's
+# members are read up to its end, where the search goes on: each is read once.
 _FAILURE_COUNTER = re.compile(
     r'"(?:failed|failures|failing|errors|errored|error_count|errors_count|failed_count|failure_count'
     r'|failures_count|fail_count|num_failed|num_errors)":(?:"?[1-9]|\[(?!\]))|"(?:failed|failing)":true'
+    r'|"(?:counts|summary|stats|totals)":\{[^{}\[\]]*?"(?:errors?|failures?|fails?|failing|failed)":"?[1-9]'
+    r'|"(?:failed|failing)_[a-z_]*":(?:"?[1-9]|\[(?!\]))|"[a-z_]*_(?:failed|failures|failing)":(?:"?[1-9]|\[(?!\]))'
 )
 _COUNTER_NAMES = ('"fail', '"error', '"num_')  # what each of them starts with: a search only where one is
 # a flat object (no object or list inside) with "passed": 0, and its totals above zero
 _ZERO_PASSED = re.compile(r'\{[^{}\[\]]*?"passed":0(?=[,}])[^{}\[\]]*\}')
-_TOTAL_ABOVE_ZERO = re.compile(r'"(?:total|tests|count|ran|run|executed|total_count|num_tests)":"?[1-9]')
+_TOTAL_ABOVE_ZERO = re.compile(r'"(?:[a-z_]*total[a-z_]*|tests|count|ran|run|executed|num_tests)":"?[1-9]')
 
 
 def _key_like(word):
@@ -3316,11 +3839,13 @@ def _values_text(text):
     return unmasked.replace(",", ", ")
 
 
-class GenericClaim(collections.namedtuple("GenericClaim", "low entities stated outcome negated")):
+class GenericClaim(collections.namedtuple("GenericClaim", "low entities stated outcome negated not_done every")):
     """A generic claim: low (its tokens in lower case), entities (distinct normalised numbers of 10 or more, emails,
     URLs, paths and identifiers; never true, false or null), stated (key -> the values it states: KEY is VALUE),
     outcome (True: it says something passed, succeeded or completed; False: failed; None: neither, or both),
-    negated (it holds a negation: not, never, didn't...)."""
+    negated (it holds a negation: not, never, didn't...), not_done (it opens with an action only intended or
+    attempted: 'Will deploy', 'We are going to', 'Tried to'), every (it speaks of all, every or each of a thing:
+    'all tests passed')."""
 
     __slots__ = ()
 
@@ -3357,16 +3882,18 @@ def generic_claim(claim):
     low = _lower(toks)
     negated = not _NOT.isdisjoint(low)
     stated = _stated_values(raw, toks)
-    return GenericClaim(low, _entities(toks), stated, _claimed_outcome(low), negated)
+    not_done = _not_done_at(low, min(3, len(low)))  # no verb table: the claim's first three words
+    every = not _EVERY.isdisjoint(low)
+    return GenericClaim(low, _entities(toks), stated, _claimed_outcome(low), negated, not_done, every)
 
 
-class GenericFacts(collections.namedtuple("GenericFacts", "entities_matched values states reported")):
+class GenericFacts(collections.namedtuple("GenericFacts", "entities_matched values states reported partial")):
     """What an object says about a generic claim. entities_matched: how many of the claim's entities (when it names
     at least 3) are among the evidence's values (a key that matches is no support); values: each stated key's
     result, 'explicit_value_match' or 'explicit_value_conflict'; states: each key the claim turns on or off ->
     'match' or 'conflict'; reported: the outcomes (True, False) that status, state, result, outcome and conclusion
     values, ok and success flags, and failure counters (failed: 3; passed: 0 beside a total above 0) report at any
-    depth."""
+    depth; partial: a flat object at any depth counts fewer passed than its total (passed: 9, total: 10)."""
 
     __slots__ = ()
 
@@ -3396,6 +3923,25 @@ def _counters_fail(text):
         return False
     zero_passed = _ZERO_PASSED.findall(text)[:100]
     return any(map(_TOTAL_ABOVE_ZERO.search, zero_passed))
+
+
+# a flat object (no object or list inside) that counts what passed; and the keys of the totals beside it
+_PASSED_OBJECT = re.compile(r'\{[^{}\[\]]*?"passed":[0-9]+(?=[,}])[^{}\[\]]*\}')
+_TOTAL_KEYS = frozenset(["total", "tests", "count", "ran", "run", "executed", "num_tests", "total_count"])
+
+
+def _fewer_passed(text):
+    """Whether a flat object of the evidence (canonical text in lower case; the first 100 that count passed) counts
+    fewer passed than a total beside it."""
+    if '"passed":' not in text:
+        return False
+    for found in _PASSED_OBJECT.findall(text)[:100]:
+        counts = json.loads(found)
+        totals = [value for key, value in counts.items() if key in _TOTAL_KEYS or key.startswith("total")]
+        numbers = [value for value in totals if type(value) is int]  # neither a bool nor a float
+        if any(value > counts["passed"] for value in numbers):
+            return True
+    return False
 
 
 def _reported(values, stated, text):
@@ -3434,7 +3980,8 @@ def generic_facts(ev, ev_json, claim):
     for key, state in states.items():
         state_results.append(_state_result(state, values.get(key, ())))
     entities = _matched_entities(claim.entities, text)
-    return GenericFacts(entities, value_results, state_results, _reported(values, claim.stated, text))
+    partial = claim.every and claim.outcome is True and _fewer_passed(text)
+    return GenericFacts(entities, value_results, state_results, _reported(values, claim.stated, text), partial)
 
 
 # The checks: each a reason code's rule over (GenericClaim, GenericFacts).
@@ -3485,6 +4032,12 @@ def outcome_contradicted(claim, facts):
     return _opposite_reported(claim, facts)
 
 
+def not_all_passed(claim, facts):
+    """The claim says all (every, each) passed or succeeded, and the evidence counts fewer passed than its total
+    (passed: 9 beside total: 10), where no outcome_conflict says more."""
+    return facts.partial and not _opposite_reported(claim, facts)
+
+
 def failure_reported(claim, facts):
     """The claim states no outcome, but the evidence reports a failure (a status value, a flag or a counter)."""
     return claim.outcome is None and False in facts.reported
@@ -3498,8 +4051,10 @@ GENERIC_CHECKS = (
     (states_conflict, "state_conflict", CRITICAL),
     (outcome_agrees, "outcome_matches", POSITIVE),
     (outcome_contradicted, "outcome_conflict", CRITICAL),
+    (not_all_passed, "not_all_passed", CRITICAL),
     (failure_reported, "evidence_reports_failure", NEGATIVE),
     (claim_is_negated, "claim_negated", NEGATIVE),
+    (claim_is_not_done, "claim_not_done", NEGATIVE),
 )
 
 
@@ -5015,6 +5570,14 @@ def spec_document(sandbox):
     }
     limits = {"claim_chars": MAX_CLAIM, "context_chars": MAX_CONTEXT, "json_depth": MAX_DEPTH,
               "integer_magnitude_max": MAX_INT}
+    connections = {
+        "max_conns": MAX_CONNS,
+        "max_conns_per_client_default": MAX_CONNS_PER_CLIENT,
+        "write_deadline_seconds": WRITE_DEADLINE,
+        "note": ("Connections are capped in all and per peer address (--max-conns-per-client; behind a reverse "
+                 "proxy every client is the proxy); beyond either cap a new connection gets 503 at once. A response "
+                 "not written within the write deadline closes its connection."),
+    }
     endpoints = ["%s %s" % (method, path) for path, method in ROUTES.items()]
     verdicts = {"aar_verdict": VERDICTS, "legacy_verdict": LEGACY}
     spec = {
@@ -5030,6 +5593,7 @@ def spec_document(sandbox):
         "receipt": receipt,
         "credential": credential_spec(),
         "limits": limits,
+        "connections": connections,
         "endpoints": endpoints,
         "mcp": {"protocol_versions": PROTOCOL_VERSIONS, "transports": ["POST /mcp (JSON responses)", "--stdio"]},
     }
@@ -5408,7 +5972,7 @@ with deterministic rules (no model), and signs a <b>receipt</b> of what it judge
 <p>%(decision)s %(confidence)s</p>
 <h2>Rules: the reason codes</h2>
 <table>
-<tr><th>code<th>kind<th>signal<th>meaning</tr>
+<tr><th>code<th>kind<th>effect<th>meaning</tr>
 %(rows)s
 </table>
 <p>Machine-readable: <a href=/rules>/rules</a>, <a href=/spec>/spec</a>.</p>
