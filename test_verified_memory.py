@@ -15,6 +15,7 @@ import collections
 import contextlib
 import errno
 import functools
+import gc
 import hashlib
 import http.client
 import importlib.util
@@ -5871,6 +5872,15 @@ class DiffCase(SignedCase):
 
 
 class TestPackDiff(DiffCase):
+    def test_the_collector_is_left_as_it_was_found(self):
+        old, new = self.pack(SEEDS_JAN, RENT), self.pack(SEEDS_JAN, COMPOST)
+        self.addCleanup(gc.enable)
+        for enabled in (True, False):
+            with self.subTest(enabled=enabled):
+                (gc.enable if enabled else gc.disable)()
+                self.assertEqual(len(self.diff(old, new)["records"]["added"]), 1)
+                self.assertEqual(gc.isenabled(), enabled)
+
     def test_the_same_records_are_no_change(self):
         old, new = self.pack(SEEDS_JAN, RENT, COMPOST), self.pack(SEEDS_JAN, RENT, COMPOST)
         diff = self.diff(old, new)

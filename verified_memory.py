@@ -33,6 +33,7 @@ import array
 import binascii
 import datetime
 import functools
+import gc
 import hashlib
 import heapq
 import json
@@ -3920,7 +3921,19 @@ def payee_changes(old, new):
 
 def compare_packs(old, new, old_head, new_head):
     """Two verified snapshots and their PackHeads -> the diff: payee_changes, records (record_changes),
-    pack_json and signer (old and new), and same_records. Payee facts can only differ when records do."""
+    pack_json and signer (old and new), and same_records (_compare), with the garbage collector paused: the
+    comparison makes many small containers and no cycles, so collecting would only scan them again."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _compare(old, new, old_head, new_head)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _compare(old, new, old_head, new_head):
+    """compare_packs' diff. Payee facts can only differ when records do."""
     records = {"added": [], "removed": [], "changed": []}
     same = old.records == new.records
     if not same:
