@@ -102,6 +102,25 @@ def symlink_or_skip(case, target, link):
         case.skipTest("cannot make a symlink here: %s" % e)
 
 
+def first_lines_on_a_terminal(pack):
+    """The server's first two lines on stderr (the sandbox's, then the hint) with a pseudo-terminal as its stdin."""
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", pack], stdin=slave, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    os.close(slave)
+    try:
+        first = proc.stderr.readline().decode()
+        second = proc.stderr.readline().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        os.close(master)
+    return first, second
+
+
 class TempDirCase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="vm-test-")
@@ -2182,22 +2201,11 @@ class TestCommandLine(TempDirCase):
 
     def test_terminal_stdin_gets_a_hint_on_stderr(self):
         try:
-            import pty
+            import pty  # noqa: F401 (whether this system has pseudo-terminals)
         except ImportError:
             self.skipTest("no pseudo-terminals on this system")
-        master, slave = pty.openpty()
-        proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", EXAMPLE], stdin=slave, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        os.close(slave)
-        try:
-            self.assertIn(b"sandbox:", proc.stderr.readline())
-            line = proc.stderr.readline().decode()
-        finally:
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
-            os.close(master)
+        sandbox, line = first_lines_on_a_terminal(EXAMPLE)
+        self.assertIn("sandbox:", sandbox)
         self.assertIn("waiting for an MCP client", line)
         self.assertIn("search --pack %s QUERY" % EXAMPLE, line)
 
@@ -2494,21 +2502,8 @@ class TestEveryInputGetsAnAnswer(TempDirCase):
 
     @unittest.skipUnless(os.name != "nt", "needs a POSIX pseudo-terminal")
     def test_the_terminal_hint_quotes_its_command(self):
-        import pty
         pack = self.copy_pack("my pack")
-        master, slave = pty.openpty()
-        proc = subprocess.Popen([sys.executable, SCRIPT, "--pack", pack], stdin=slave, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        os.close(slave)
-        try:
-            proc.stderr.readline()                         # the sandbox's line
-            line = proc.stderr.readline().decode()
-        finally:
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
-            os.close(master)
+        _, line = first_lines_on_a_terminal(pack)
         command = quoted_command([vm.PYTHON_COMMAND, SCRIPT, "search", "--pack", pack, "QUERY"])
         self.assertTrue(line.rstrip("\n").endswith("to search from a terminal run: " + command), line)
         self.assertIn("'%s'" % pack, command)
