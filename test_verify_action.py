@@ -2278,6 +2278,23 @@ REDTEAM_DB_OP = [
       "sql_identifier_unchecked"]),
     ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND x = y"), I,
      ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND id = 43"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE (id = 42) AND users.id IN (42, 43)"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
+    ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND tenant_id = 7 AND id <> 43"), V,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
+    ("Deleted users 42 and 43", rows("DELETE FROM users WHERE id IN (42, 43) AND tenant_id = 7", 2, 10, 8), V,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
+    # a statement of more than one table: a pin confirms no id (the rows written may be another table's)
+    ("Deleted user 42", rows("DELETE FROM users USING users u2 WHERE users.id = 42"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE u, s FROM users u JOIN sessions s ON s.user_id = u.id WHERE u.id = 42"), I,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_unchecked"]),
+    ("Deleted user 42", rows("DELETE u FROM users u JOIN x ON 1=1 WHERE u.id = 7"), C,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_mismatch"]),
+    ("Deleted user 42", rows("DELETE FROM users AS u WHERE u.id = 42"), V,
+     ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "sql_identifier_matches"]),
     ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND x = \"y\""), I,
      ["sql_kind_matches", "row_delta_matches", "affected_rows_consistent", "where_not_plain"]),
     ("Deleted user 42", rows("DELETE FROM users WHERE id = 42 AND a.b = c.d"), I,
@@ -2828,6 +2845,14 @@ class SqlWhere(unittest.TestCase):
         unread = "DELETE FROM t WHERE id = 1 AND " + "x = 'a' AND " * (va._MAX_SQL_QUOTED + 1) + "y = 2"
         self.assertEqual(f(unread)[4:6], ("not plain", "too many strings or comments to read"))
 
+    def test_a_column_pinned_by_two_predicates_is_not_plain(self):
+        for where in ("id = 42 AND id = 43", "id = 42 AND users.id = 42", "(id IN (1, 2)) AND id = 1"):
+            with self.subTest(where=where):
+                facts = va.sql_facts("DELETE FROM users WHERE " + where)
+                self.assertEqual((facts.where, facts.why), ("not plain", "a column pinned twice"))
+        facts = va.sql_facts("DELETE FROM users WHERE id = 42 AND id <> 43 AND tenant_id = 7")
+        self.assertEqual(facts.where, "plain")
+
     def test_the_parse_reads_each_token_a_bounded_number_of_times(self):
         # a plain WHERE of 30,000 predicates and IN lists is read once over; no ')' anywhere stops at once
         reads, real = [0], va.where_shape
@@ -2838,7 +2863,8 @@ class SqlWhere(unittest.TestCase):
                 return list.__getitem__(self, index)
         va.where_shape = lambda clause: real(CountedTokens(clause))
         try:
-            long_and = "DELETE FROM t WHERE id = 5" + " AND a IN (1, 2)" * 3000 + " AND b = 3" * 3000
+            in_lists = "".join(" AND a%d IN (1, 2)" % i for i in range(3000))
+            long_and = "DELETE FROM t WHERE id = 5" + in_lists + "".join(" AND b%d = 3" % i for i in range(3000))
             facts = va.sql_facts(long_and)
             tokens = len(va.sql_tokens(long_and))
             self.assertEqual((facts.where, len(facts.pins)), ("plain", 1 + 6000 + 3000))

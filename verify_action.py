@@ -2312,10 +2312,18 @@ def _run_of(tokens, at, token):
     return count
 
 
+def _equality_columns(pins):
+    """The columns that pins of one predicate hold equal to literals (op '='), by column name alone."""
+    return {column for (_, column), _, op in pins if op == "="}
+
+
 def where_shape(clause):
     """('plain', pins, None) when the tokens of a WHERE clause are a conjunction of simple predicates (see
-    _predicate), in grouping parentheses or not; else ('not plain', [], why)."""
+    _predicate), in grouping parentheses or not, no two of them pinning one column equal to literals (pins are one
+    list, so 'id = 42 AND id = 43', which no row meets, would read as 'id IN (42, 43)'); else ('not plain', [],
+    why)."""
     pins = []
+    pinned = set()
     depth = 0
     at = 0
     while True:
@@ -2324,6 +2332,10 @@ def where_shape(clause):
         found, at, why = _predicate(clause, at + opened)
         if found is None:
             return "not plain", [], why
+        columns = _equality_columns(found)
+        if columns & pinned:
+            return "not plain", [], "a column pinned twice"
+        pinned |= columns
         pins += found
         closed = _run_of(clause, at, ")")
         depth -= closed
@@ -2646,6 +2658,21 @@ def _id_state(sql, claimed):
     return "unconfirmed"
 
 
+def _id_states(sql, ids):
+    """Each claimed id's state (_id_state) under a plain WHERE, else 'unconfirmed'. In a statement of more than one
+    table (a join, USING, several targets) a pin confirms no id, as the rows written may be another table's; it can
+    still contradict one."""
+    states = []
+    for claimed in ids:
+        state = "unconfirmed"
+        if sql.where == "plain":
+            state = _id_state(sql, claimed)
+        if state == "matched" and not sql.single:
+            state = "unconfirmed"
+        states.append(state)
+    return states
+
+
 def _ids_where(claim, sql):
     """The WHERE shape that judges a claim's ids, or None (see DbFacts)."""
     if not claim.ids or sql.kind not in _WHERE_KINDS:
@@ -2729,8 +2756,7 @@ def db_op_facts(ev, claim):
     counts.discard(None)
     operation = ev.get("operation")
     sql = _NO_SQL if operation is None else sql_facts(operation)
-    plain = sql.where == "plain"
-    states = [_id_state(sql, claimed) if plain else "unconfirmed" for claimed in claim.ids]
+    states = _id_states(sql, claim.ids)
     pinned = {(claimed.noun, claimed.value) for claimed in claim.ids if _pins_rows(sql, claimed)}
     direction = _direction(sql)
     ids_where = _ids_where(claim, sql)
