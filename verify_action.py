@@ -2880,13 +2880,15 @@ def all_claimed_but_pinned(claim, facts):
 def where_not_plain(claim, facts):
     """The claim names ids, but the WHERE clause is not a conjunction (AND) of simple predicates (column = literal,
     IN, IS NULL, BETWEEN, comparisons): OR, NOT, XOR, ||, chained comparisons, LIKE, functions, arithmetic,
-    subqueries or a comment leave the ids unconfirmed, and no write that names them is verified."""
+    subqueries or a comment leave the ids unconfirmed, and no write that names them is verified. Stricter than
+    spec section 10: two predicates that pin one column to literals (id = 42 AND id = 43) are not plain either."""
     return facts.ids_where == "not plain"
 
 
 def ids_match_where(claim, facts):
     """Every id the claim names (id=N, id N, #N, user N) is pinned by the one statement's plain WHERE under its noun:
-    order 42 by id = 42 in the orders table, or by order_id = 42."""
+    order 42 by id = 42 in the orders table, or by order_id = 42. The statement writes one table: with USING, a
+    join or several targets, the rows written may be another table's."""
     plain = facts.ids_where == "plain" and facts.sql.statements == 1
     return plain and facts.matched == len(claim.ids)
 
