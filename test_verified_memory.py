@@ -102,6 +102,17 @@ def symlink_or_skip(case, target, link):
         case.skipTest("cannot make a symlink here: %s" % e)
 
 
+def write_built_pack(tmp, messages, records):
+    """A pack built from message and record lines, written to a new folder in tmp -> its path."""
+    files = vm.build_pack_files("\n".join(messages).encode(), "\n".join(records).encode(), "Test", "",
+                                ("messages.jsonl", "records.jsonl"))
+    pack = os.path.join(tmp, "pack-%d" % len(os.listdir(tmp)))
+    os.mkdir(pack)
+    for name, data in files.items():
+        write(os.path.join(pack, name), data)
+    return pack
+
+
 def first_lines_on_a_terminal(pack):
     """The server's first two lines on stderr (the sandbox's, then the hint) with a pseudo-terminal as its stdin."""
     import pty
@@ -1461,12 +1472,7 @@ def quote_record(record_id, message_id, quote, **extra):
 
 class SearchCase(TempDirCase):
     def build(self, messages, records):
-        files = vm.build_pack_files("\n".join(messages).encode(), "\n".join(records).encode(), "Test", "",
-                                    ("messages.jsonl", "records.jsonl"))
-        pack = os.path.join(self.tmp, "pack-%d" % len(os.listdir(self.tmp)))
-        os.mkdir(pack)
-        for name, data in files.items():
-            write(os.path.join(pack, name), data)
+        pack = write_built_pack(self.tmp, messages, records)
         self.tools = vm.ToolServer(self.load(pack), lambda: NOW)
         return self.tools
 
@@ -5850,12 +5856,7 @@ JUL_ENTRY = ("M-seeds-jul", "2026-07-01T09:00:00Z", "new IBAN GB82 WEST 1234 569
 
 class DiffCase(SignedCase):
     def pack(self, *records, messages=CHANGE_MESSAGES):
-        files = vm.build_pack_files("\n".join(messages).encode(), "\n".join(records).encode(), "Test", "",
-                                    ("messages.jsonl", "records.jsonl"))
-        pack = os.path.join(self.tmp, "pack-%d" % len(os.listdir(self.tmp)))
-        os.mkdir(pack)
-        for name, data in files.items():
-            write(os.path.join(pack, name), data)
+        pack = write_built_pack(self.tmp, messages, records)
         return pack
 
     def diff(self, old, new):
